@@ -1,0 +1,1 @@
+"""Environments and harnesses, independent of JAX."""

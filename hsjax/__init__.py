@@ -1,0 +1,1 @@
+"""hsjax: GRPO for LLM agents with sibling-harness rescue (Harness-S), in JAX."""
