@@ -1,0 +1,84 @@
+"""Metric sinks for the training loop: `metrics.jsonl` rows, TensorBoard scalars, episode samples.
+
+Every row carries `step`; metric names are slash-separated (`reward/mean`, `loss/pg`, ...).
+Values are converted to plain Python floats on the host once per step, never inside the jitted
+update.
+"""
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def to_python(value: Any) -> Any:
+    """Converts JAX/NumPy scalars to JSON-friendly Python values (NaN and inf become None)."""
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): to_python(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_python(v) for v in value]
+    array = np.asarray(value)
+    if array.ndim == 0:
+        scalar = array.item()
+        if isinstance(scalar, float) and not math.isfinite(scalar):
+            return None
+        return scalar
+    return [to_python(v) for v in array.tolist()]
+
+
+class MetricWriter:
+    """Appends metric rows to `<workdir>/metrics.jsonl` and mirrors scalars to TensorBoard."""
+
+    def __init__(self, workdir: str, tensorboard: bool = True):
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter  # Imported lazily: only the loop needs it.
+            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
+        row = {"step": int(step)}
+        row.update({k: to_python(v) for k, v in metrics.items()})
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+        if self._tb is not None:
+            for name, value in row.items():
+                if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(name, value, int(step))
+            self._tb.flush()
+        return row
+
+    def truncate_after(self, step: int) -> None:
+        """Drops rows written after `step`: a resumed run rewrites them exactly, without duplicates."""
+        if not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        with open(self.path, "w") as f:
+            f.writelines(rows)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(workdir: str) -> list[dict]:
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_episodes(workdir: str, step: int, records: list[dict]) -> str:
+    """Writes one step's episode records as JSON lines under `episodes/` for later analysis."""
+    directory = os.path.join(workdir, "episodes")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"step_{step:06d}.jsonl")
+    with open(path, "w") as f:
+        for record in records:
+            f.write(json.dumps(to_python(record), sort_keys=True) + "\n")
+    return path

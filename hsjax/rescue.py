@@ -1,0 +1,83 @@
+"""Rescue of all-fail groups: which sibling harnesses re-roll a group that failed under the base.
+
+A `Rescuer` answers one question for the training loop: for a task whose every base rollout
+failed, which k sibling harnesses should the same policy try next? The loop then rolls m episodes
+under each and the trainer's masks decide whether they replace the base slots (see `grpo.py`).
+
+Rescuers here are the simple baselines; the Harness-S router plugs in behind the same interface.
+Every choice is a pure function of (seed, step, group index) and the rescuer's explicit state, so
+a resumed run makes the same choices.
+"""
+import abc
+import zlib
+from typing import Any, Sequence
+
+import numpy as np
+
+
+class Rescuer(abc.ABC):
+    """Chooses sibling harnesses for all-fail groups; may learn from rescue outcomes."""
+
+    k: int = 0
+
+    @abc.abstractmethod
+    def choose(self, step: int, group_index: int, task: Any, failed_results: Sequence[dict]) -> list:
+        """Returns up to `k` sibling harness specs to re-roll this task under."""
+
+    def observe(self, step: int, outcomes: Sequence[dict]) -> None:
+        """Receives rescue outcomes (dicts with `harness`, `success`, `task_type`, ...)."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        del state
+
+
+class NoRescue(Rescuer):
+    """Plain GRPO: an all-fail group gives no signal."""
+
+    def choose(self, step, group_index, task, failed_results):
+        return []
+
+
+class RandomSiblings(Rescuer):
+    """k distinct siblings drawn uniformly from the pool for each failed group."""
+
+    def __init__(self, pool: Sequence, k: int, seed: int = 0):
+        if k > len(pool):
+            raise ValueError(f"rescue.k={k} exceeds the pool size {len(pool)}")
+        self.pool, self.k, self.seed = list(pool), k, seed
+
+    def choose(self, step, group_index, task, failed_results):
+        # A fresh generator per decision keeps choices independent of how many came before.
+        key = zlib.crc32(f"{self.seed}/{step}/{group_index}".encode())
+        rng = np.random.default_rng(key)
+        picks = rng.choice(len(self.pool), size=self.k, replace=False)
+        return [self.pool[i] for i in picks]
+
+
+class FixedSiblings(Rescuer):
+    """The same ordered sibling list for every failed group (e.g. the `hint` baseline)."""
+
+    def __init__(self, siblings: Sequence):
+        self.siblings = list(siblings)
+        self.k = len(self.siblings)
+
+    def choose(self, step, group_index, task, failed_results):
+        return list(self.siblings)
+
+
+def make_rescuer(kind: str, pool: Sequence, k: int, seed: int = 0, names: Sequence[str] = ()) -> Rescuer:
+    """Builds a baseline rescuer by config string: `none`, `random`, `fixed`."""
+    if kind == "none":
+        return NoRescue()
+    if kind == "random":
+        return RandomSiblings(pool, k, seed)
+    if kind == "fixed":
+        by_name = {spec.name: spec for spec in pool}
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise ValueError(f"rescue.siblings names {missing} not in the pool {sorted(by_name)}")
+        return FixedSiblings([by_name[n] for n in names])
+    raise ValueError(f"rescue.kind={kind!r}: expected one of 'none', 'random', 'fixed'")
