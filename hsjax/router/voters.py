@@ -1,0 +1,358 @@
+"""LLM voters: OpenAI-compatible chat endpoints that rank sibling harnesses for a failed task.
+
+Each voter gets the failed task, a summary of its failed group and the profile cards, and must
+answer `{"ranking": ["sib_a", "sib_b", ...]}` (best first). `vote_all` asks every voter at once
+(threads), each call with its own timeout and retries, and never raises: a voter that is slow,
+fails or talks nonsense is dropped from that decision and counted under one reason:
+
+    ok             a ranking with at least one known harness name
+    cache_hit      (also counted as ok) the same request was answered before; no HTTP call
+    timeout        every attempt timed out (or the decision's deadline passed first)
+    http_error     HTTP 429/5xx on every attempt, or any other 4xx (not retried)
+    connection_error  the server could not be reached on any attempt
+    malformed      no JSON ranking could be read from the reply
+    unknown_names  a ranking, but none of its names is a candidate
+    missing_api_key   the voter's `api_key_env` variable is unset or empty
+    error          anything else (a bug surfaced as a count, not a crash)
+
+Transport failures (timeout, 429/5xx, connection) are retried with exponential backoff; malformed
+and unknown-name answers are not, since a deterministic voter would repeat them. API keys are read
+from the environment at call time and only ever placed in the `Authorization` header; they are
+kept out of reprs, logs (server error text is redacted) and state.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from typing import Sequence
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+FAILURE_REASONS = ("timeout", "http_error", "connection_error", "malformed", "unknown_names",
+                   "missing_api_key", "error")
+
+SYSTEM_PROMPT = (
+    "You route failed agent tasks to harness variants. An agent (a language model policy) failed "
+    "every attempt at the task below under the base harness. Each candidate harness changes how the "
+    "task is presented or how the agent's replies are handled, and its card reports how often it "
+    "rescued such failures before. Rank the candidates from most to least likely to let the same "
+    "agent succeed. Answer with JSON only, exactly of the form {\"ranking\": [\"name\", ...]}, "
+    "using only the candidate names given.")
+
+
+@dataclasses.dataclass(frozen=True)
+class VoterSpec:
+    """One voter endpoint (config). `api_key_env` names an environment variable, never the key."""
+
+    name: str
+    base_url: str
+    model: str
+    api_key_env: str | None = None
+    weight: float = 1.0
+    timeout_s: float = 20.0
+    max_retries: int = 2
+    backoff_s: float = 0.5
+    max_tokens: int = 256
+    temperature: float = 0.0
+
+    def __post_init__(self):
+        if not self.name:
+            raise ValueError("VoterSpec.name must be a non-empty string (it keys stats and caches)")
+        if self.timeout_s <= 0 or self.max_retries < 0 or self.weight < 0:
+            raise ValueError(f"VoterSpec {self.name!r}: timeout_s must be > 0, max_retries >= 0, "
+                             f"weight >= 0; got {self.timeout_s}, {self.max_retries}, {self.weight}")
+
+
+@dataclasses.dataclass(frozen=True)
+class VoteRequest:
+    """What every voter is asked for one failed group. `task` holds task_id, type and question."""
+
+    task: dict
+    group_summary: str
+    cards: dict[str, str]
+    candidates: tuple[str, ...]
+
+    def messages(self) -> list[dict]:
+        cards = "\n\n".join(f"[{name}]\n{self.cards.get(name, '(no profile yet)')}"
+                              for name in self.candidates)
+        user = (f"Task ({self.task.get('type') or 'unknown type'}, id {self.task.get('task_id')}):\n"
+                f"{self.task.get('question') or '(question not available)'}\n\n"
+                f"Failed group under the base harness:\n{self.group_summary}\n\n"
+                f"Candidate harnesses:\n{cards}\n\n"
+                f"Candidates: {json.dumps(list(self.candidates))}\n"
+                "Reply with {\"ranking\": [...]} listing candidate names, best first.")
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+    def content_hash(self) -> str:
+        blob = json.dumps({"messages": self.messages(), "candidates": list(self.candidates)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclasses.dataclass
+class VoteResult:
+    voter: str
+    status: str  # "ok" or one of FAILURE_REASONS
+    ranking: list[str] = dataclasses.field(default_factory=list)
+    attempts: int = 0
+    latency_s: float = 0.0
+    detail: str = ""
+    cached: bool = False
+
+
+@dataclasses.dataclass
+class VoteOutcome:
+    """The answers to one request: rankings of the voters that answered, reasons of those that did not."""
+
+    rankings: dict[str, list[str]]
+    failures: dict[str, str]
+    counters: dict[str, int]
+    latency_s: float
+    results: dict[str, VoteResult]
+
+
+class VoteError(ValueError):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+
+_FENCE = re.compile(r"```[A-Za-z0-9_-]*\s*\n?(.*?)```", re.S)
+
+
+def _json_candidates(text: str):
+    """Yields (value, whole) for JSON found in `text`: the whole text and each code fence's body
+    (whole=True), then each object that decodes from a '{' onwards (prose around the JSON)."""
+    for chunk in [text, *_FENCE.findall(text)]:
+        try:
+            yield json.loads(chunk.strip()), True
+        except ValueError:
+            pass
+    decoder = json.JSONDecoder()
+    for i, ch in enumerate(text):
+        if ch == "{":
+            try:
+                value, _ = decoder.raw_decode(text, i)
+            except ValueError:
+                continue
+            yield value, False
+
+
+def parse_ranking(text: str, candidates: Sequence[str]) -> list[str]:
+    """The known harness names of a voter's reply, best first, without duplicates.
+
+    Accepts `{"ranking": [...]}` anywhere in the text, or a bare list of names as the whole reply
+    or a whole code fence. Unknown names are
+    dropped; names match exactly, then ignoring case and surrounding space. Raises `VoteError` with
+    reason `malformed` (no ranking found) or `unknown_names` (no name is a candidate).
+    """
+    ranking = None
+    for value, whole in _json_candidates(text):
+        if isinstance(value, dict) and isinstance(value.get("ranking"), list):
+            ranking = value["ranking"]
+            break
+        if whole and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            ranking = value
+            break
+    if ranking is None:
+        raise VoteError("malformed", f"no JSON ranking in the reply: {text[:200]!r}")
+    exact = set(candidates)
+    folded = {c.strip().lower(): c for c in candidates}
+    out = []
+    for item in ranking:
+        if not isinstance(item, str):
+            continue
+        name = item if item in exact else folded.get(item.strip().lower())
+        if name is not None and name not in out:
+            out.append(name)
+    if not out:
+        raise VoteError("unknown_names", f"no candidate among the ranked names {ranking[:10]!r}")
+    return out
+
+
+def reply_text(body: str) -> str:
+    """The message content of an OpenAI-style chat completion body."""
+    try:
+        data = json.loads(body)
+        content = data["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise VoteError("malformed", f"not a chat completion ({type(e).__name__}): {body[:200]!r}") from None
+    if not isinstance(content, str):
+        raise VoteError("malformed", f"message content is {type(content).__name__}, not text")
+    return content
+
+
+# ---------------------------------------------------------------------------------------------
+# One voter
+
+
+class LLMVoter:
+    """One OpenAI-compatible endpoint. Thread-safe; `vote` never raises."""
+
+    def __init__(self, spec: VoterSpec):
+        self.spec = spec
+        self.url = spec.base_url.rstrip("/") + "/chat/completions"
+        self._client = httpx.Client(timeout=spec.timeout_s)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __repr__(self):
+        return (f"LLMVoter(name={self.spec.name!r}, url={self.url!r}, model={self.spec.model!r}, "
+                f"api_key_env={self.spec.api_key_env!r})")
+
+    def close(self):
+        self._client.close()
+
+    def vote(self, request: VoteRequest) -> VoteResult:
+        start = time.monotonic()
+        try:
+            result = self._vote(request)
+        except Exception as e:  # a voter must never crash training
+            result = VoteResult(self.name, "error", detail=f"{type(e).__name__}: {e}")
+        result.latency_s = time.monotonic() - start
+        return result
+
+    def _vote(self, request: VoteRequest) -> VoteResult:
+        key = None
+        if self.spec.api_key_env:
+            key = os.environ.get(self.spec.api_key_env)
+            if not key:
+                return VoteResult(self.name, "missing_api_key",
+                                  detail=f"environment variable {self.spec.api_key_env} is unset or empty")
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        body = {"model": self.spec.model, "messages": request.messages(),
+                "temperature": self.spec.temperature, "max_tokens": self.spec.max_tokens}
+        reason, detail = "error", "no attempt made"
+        for attempt in range(self.spec.max_retries + 1):
+            if attempt:
+                time.sleep(self.spec.backoff_s * 2 ** (attempt - 1))
+            try:
+                resp = self._client.post(self.url, json=body, headers=headers)
+            except httpx.TimeoutException as e:
+                reason, detail = "timeout", f"timed out after {self.spec.timeout_s}s ({type(e).__name__})"
+                continue
+            except httpx.TransportError as e:
+                reason, detail = "connection_error", f"{type(e).__name__}: {e}"
+                continue
+            if resp.status_code == 429 or resp.status_code >= 500:
+                reason, detail = "http_error", f"HTTP {resp.status_code}: {resp.text[:200]!r}"
+                continue
+            if resp.status_code >= 400:
+                detail = f"HTTP {resp.status_code} (not retried): {resp.text[:200]!r}"
+                return VoteResult(self.name, "http_error", attempts=attempt + 1, detail=_redact(detail, key))
+            try:
+                ranking = parse_ranking(reply_text(resp.text), request.candidates)
+            except VoteError as e:
+                return VoteResult(self.name, e.reason, attempts=attempt + 1, detail=_redact(str(e), key))
+            return VoteResult(self.name, "ok", ranking, attempts=attempt + 1)
+        return VoteResult(self.name, reason, attempts=self.spec.max_retries + 1, detail=_redact(detail, key))
+
+
+def _redact(text: str, key: str | None) -> str:
+    return text.replace(key, "[REDACTED]") if key else text
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache and the panel call
+
+
+class VoteCache:
+    """Successful rankings by (voter, request hash); least recently used entries go first.
+    Failures are not cached, so a voter that failed is asked again next time."""
+
+    def __init__(self, max_entries: int = 4096):
+        self.max_entries = max_entries
+        self._data: collections.OrderedDict[tuple[str, str], list[str]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(voter: LLMVoter, request_hash: str) -> tuple[str, str]:
+        spec = voter.spec
+        return (f"{spec.name}|{spec.base_url}|{spec.model}", request_hash)
+
+    def get(self, key):
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return list(self._data[key])
+        return None
+
+    def put(self, key, ranking: list[str]) -> None:
+        with self._lock:
+            self._data[key] = list(ranking)
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
+
+    def __len__(self):
+        return len(self._data)
+
+
+def vote_all(voters: Sequence[LLMVoter], request: VoteRequest, *, cache: VoteCache | None = None,
+             deadline_s: float | None = None) -> VoteOutcome:
+    """Asks every voter concurrently; returns rankings and failure reasons, never raises.
+
+    `deadline_s` bounds the whole decision: voters still running then count as `timeout` (their
+    threads finish in the background and are ignored). By default the deadline is the slowest
+    voter's worst case, `timeout_s * (max_retries + 1)` plus its backoff sleeps, plus one second.
+    """
+    start = time.monotonic()
+    names = [v.name for v in voters]
+    if len(set(names)) != len(names):
+        raise ValueError(f"voter names must be unique, got {names}")
+    results: dict[str, VoteResult] = {}
+    todo = []
+    request_hash = request.content_hash() if cache is not None else ""
+    for v in voters:
+        hit = cache.get(VoteCache.key(v, request_hash)) if cache is not None else None
+        if hit is not None:
+            results[v.name] = VoteResult(v.name, "ok", hit, cached=True)
+        else:
+            todo.append(v)
+    if todo:
+        if deadline_s is None:
+            deadline_s = 1.0 + max(v.spec.timeout_s * (v.spec.max_retries + 1)
+                                   + v.spec.backoff_s * (2 ** v.spec.max_retries - 1) for v in todo)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="voter")
+        futures = {pool.submit(v.vote, request): v for v in todo}
+        done, not_done = concurrent.futures.wait(futures, timeout=deadline_s)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for fut in done:
+            v = futures[fut]
+            results[v.name] = fut.result()
+            if results[v.name].status == "ok" and cache is not None:
+                cache.put(VoteCache.key(v, request_hash), results[v.name].ranking)
+        for fut in not_done:
+            v = futures[fut]
+            results[v.name] = VoteResult(v.name, "timeout",
+                                         detail=f"decision deadline {deadline_s:.2f}s passed")
+    counters: dict[str, int] = collections.Counter()
+    rankings, failures = {}, {}
+    for name in names:  # voter order, so outcomes do not depend on thread timing
+        r = results[name]
+        counters[r.status] += 1
+        if r.cached:
+            counters["cache_hit"] += 1
+        if r.status == "ok":
+            rankings[name] = r.ranking
+        else:
+            failures[name] = r.status
+            log.info("voter %s dropped from this decision: %s (%s)", name, r.status, r.detail)
+    return VoteOutcome(rankings, failures, dict(counters), time.monotonic() - start, results)
