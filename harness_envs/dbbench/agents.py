@@ -1,0 +1,244 @@
+"""Scripted DBBench agents, as ChatPolicies (`chat(contexts, sampling, infos) -> list[str]`).
+
+`OracleAgent` replays the gold: SELECT family, it answers the gold label; INSERT/UPDATE, it runs the
+gold statement, then answers. If a harness does not accept its answer (a verification prompt), it
+checks the table with one query and answers again.
+
+`NoisyAgent(noise={slip: probability})` solves like the oracle, except for the slips drawn for the
+episode. Each slip is built so that the base harness fails it with one failure mode and exactly one
+sibling direction of the starter pool repairs it (`SLIPS`; docs/dbbench.md, "Failure taxonomy").
+
+Agents read the gold from `info["task"]` and keep per-episode state under `info["episode_id"]`. The
+slips of an episode depend only on (seed, task id, sample index), never on the harness, so the same
+agent behaves the same way under every harness.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import random
+import re
+from typing import Generator, Iterable
+
+from harness_envs.dbbench import evaluator
+from harness_envs.dbbench import harness as dbh
+from harness_envs.dbbench.data import DBTask, is_modification
+
+
+@dataclasses.dataclass(frozen=True)
+class Slip:
+    failure_mode: str  # under the base harness
+    sibling: str  # the starter-pool sibling that repairs it
+    doc: str
+
+
+SLIPS: dict[str, Slip] = {
+    "format_slip": Slip("malformed_action", "lenient_parse",
+                        "every action of the episode is mis-formatted: no 'Action:' line, ```SQL fence, or a "
+                        "one-line fence; answers as a bare 'Final Answer:' first line"),
+    "skip_schema": Slip("sql_error_loop", "schema_reminder",
+                        "queries made-up snake_case column names and keeps doing so until an observation "
+                        "shows the table schema; gives up with a wrong answer after 3 errors"),
+    "premature_answer": Slip("answered_without_querying", "verify_answer",
+                             "answers a wrong guess before running any statement; if asked to verify, "
+                             "solves the task"),
+    "long_output": Slip("truncated_observation", "paged_results",
+                        "SELECT family: dumps the whole table with an end marker row and answers only once "
+                        "the marker is visible (follows page notes), else guesses wrong"),
+    "answer_format": Slip("answer_format", "normalize_answer",
+                          "SELECT family: wraps each answer item in spaces and single quotes"),
+    "turn_waste": Slip("turn_limit", "more_rounds",
+                       "repeats a COUNT(*) query 16 times before solving"),
+}
+
+END_MARKER = "END_OF_RESULT"
+WASTE_STATEMENTS = 16  # one more than the published 15-statement budget
+SCHEMA_GUESSES = 3
+_FORMAT_VARIANTS = ("no_action_line", "upper_fence", "inline_fence")
+_MAX_TRACKED_EPISODES = 50_000
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+@dataclasses.dataclass(frozen=True)
+class Formatter:
+    """Renders actions in the base protocol, or with one persistent format slip."""
+
+    slip: str | None = None
+
+    def operation(self, sql: str) -> str:
+        if self.slip == "no_action_line":
+            return f"I will run this statement.\n```sql\n{sql}\n```"
+        if self.slip == "upper_fence":
+            return f"Action: Operation\n```SQL\n{sql}\n```"
+        if self.slip == "inline_fence":
+            return f"Action: Operation\n```sql {sql} ```"
+        return f"Action: Operation\n```sql\n{sql}\n```"
+
+    def answer(self, items: list[str]) -> str:
+        payload = json.dumps(list(items), ensure_ascii=False)
+        if self.slip is not None:
+            return f"Final Answer: {payload}"
+        return f"Action: Answer\nFinal Answer: {payload}"
+
+
+def wrong_items(task: DBTask) -> list[str]:
+    """An answer the evaluator rejects for this task."""
+    for guess in ("unknown", "no answer found", "0", "-1"):
+        if not evaluator.is_correct(task, json.dumps([guess]), None):
+            return [guess]
+    raise AssertionError(f"{task.task_id}: every fallback guess is correct")  # not reachable with DBBench labels
+
+
+def count_sql(task: DBTask) -> str:
+    return f"SELECT COUNT(*) FROM {_q(task.table.name)}"
+
+
+def made_up_column(task: DBTask, attempt: int) -> str:
+    """A plausible column name that the table does not have (names compare case-insensitively).
+    It is a plain identifier, used unquoted, so every engine reports an unknown column."""
+    columns = task.table.columns
+    real = {c.lower() for c in columns}
+    base = re.sub(r"[^a-z0-9]+", "_", columns[attempt % len(columns)].lower()).strip("_")
+    guess = f"{base}_value" if re.match(r"[a-z]", base) else f"col_{base}_value"
+    while guess.lower() in real:
+        guess += "_x"
+    return guess
+
+
+def big_dump_sql(task: DBTask) -> str:
+    pad = ", NULL" * (len(task.table.columns) - 1)
+    return f"SELECT * FROM {_q(task.table.name)} UNION ALL SELECT {_sql_str(END_MARKER)}{pad}"
+
+
+def padded(items: Iterable[str]) -> list[str]:
+    return [f"  '{x}' " for x in items]
+
+
+Plan = Generator[str, str, None]
+
+
+def _solve(task: DBTask, fmt: Formatter, answer: list[str]) -> Plan:
+    """The oracle's moves from here on; never ends (answers again if the harness keeps asking)."""
+    if is_modification(task):
+        yield fmt.operation(task.label[0].strip())
+    while True:
+        yield fmt.answer(answer)
+        # Still going: the harness asked to verify. Check the table, then answer again.
+        yield fmt.operation(count_sql(task))
+
+
+def oracle_plan(task: DBTask, fmt: Formatter | None = None) -> Plan:
+    answer = ["done"] if is_modification(task) else list(task.label)
+    return _solve(task, fmt or Formatter(), answer)
+
+
+def noisy_plan(task: DBTask, slips: frozenset[str], fmt: Formatter) -> Plan:
+    modification = is_modification(task)
+    wrong = wrong_items(task)
+    if "premature_answer" in slips:
+        yield fmt.answer(wrong)
+    if "skip_schema" in slips:
+        attempt = 0
+        obs = ""
+        while dbh.SCHEMA_REMINDER_LEAD not in obs:
+            if attempt and attempt % SCHEMA_GUESSES == 0:
+                obs = yield fmt.answer(wrong)  # gives up; goes on guessing if the episode continues
+                continue
+            col = made_up_column(task, attempt)
+            attempt += 1
+            obs = yield fmt.operation(f"SELECT {col} FROM {_q(task.table.name)}")
+    if "turn_waste" in slips:
+        for _ in range(WASTE_STATEMENTS):
+            yield fmt.operation(count_sql(task))
+    if "long_output" in slips and not modification:
+        sql = big_dump_sql(task)
+        obs = yield fmt.operation(sql)
+        while END_MARKER not in obs:
+            if dbh.PAGE_MORE in obs:
+                obs = yield fmt.operation(sql)
+            else:
+                obs = yield fmt.answer(wrong)
+                break
+    answer = ["done"] if modification else list(task.label)
+    if "answer_format" in slips and not modification:
+        answer = padded(answer)
+    yield from _solve(task, fmt, answer)
+
+
+def draw_slips(noise: dict[str, float], seed: int, task_id: str, sample_index: int = 0) -> tuple[frozenset, str | None]:
+    """The slips of one episode and its format-slip variant; a pure function of its arguments."""
+    rng = random.Random(f"{seed}/{task_id}/{sample_index}")
+    slips = frozenset(name for name in SLIPS if rng.random() < float(noise.get(name, 0.0)))
+    variant = rng.choice(_FORMAT_VARIANTS)
+    return slips, (variant if "format_slip" in slips else None)
+
+
+class _ScriptedAgent:
+    """Runs one plan generator per episode; each call feeds it the latest observation."""
+
+    def __init__(self):
+        self._plans: collections.OrderedDict[str, Plan] = collections.OrderedDict()
+
+    def _new_plan(self, info: dict) -> Plan:
+        raise NotImplementedError
+
+    def chat(self, contexts: list[list[dict]], sampling=None, infos: list[dict] | None = None) -> list[str]:
+        if infos is None or len(infos) != len(contexts):
+            raise ValueError(f"{type(self).__name__}.chat needs one info dict per context (episode.info); "
+                             f"got {0 if infos is None else len(infos)} for {len(contexts)} contexts")
+        return [self._reply(ctx, info) for ctx, info in zip(contexts, infos)]
+
+    def _reply(self, context: list[dict], info: dict) -> str:
+        if "task" not in info:
+            raise KeyError(f"{type(self).__name__} reads the gold from info['task']; got keys {sorted(info)}")
+        key = info.get("episode_id") or f"{info.get('task_id')}/{info.get('harness')}/{info.get('sample_index', 0)}"
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._new_plan(info)
+            self._plans[key] = plan
+            while len(self._plans) > _MAX_TRACKED_EPISODES:
+                self._plans.popitem(last=False)
+            return next(plan)
+        last = context[-1]["content"] if context and context[-1].get("role") == "user" else ""
+        return plan.send(last)
+
+    def forget(self, episode_id: str) -> None:
+        self._plans.pop(episode_id, None)
+
+
+class OracleAgent(_ScriptedAgent):
+    """Answers with the gold label, or runs the gold statement then answers."""
+
+    def _new_plan(self, info: dict) -> Plan:
+        return oracle_plan(info["task"])
+
+
+class NoisyAgent(_ScriptedAgent):
+    """The oracle with slips: `noise` maps slip names of `SLIPS` to probabilities per episode."""
+
+    def __init__(self, noise: dict[str, float] | None = None, seed: int = 0):
+        super().__init__()
+        noise = dict(noise or {})
+        unknown = sorted(set(noise) - set(SLIPS))
+        if unknown:
+            raise ValueError(f"unknown slip(s) {unknown}; known slips: {sorted(SLIPS)}")
+        for name, p in noise.items():
+            if not 0.0 <= float(p) <= 1.0:
+                raise ValueError(f"slip {name!r} has probability {p}; it must be in [0, 1]")
+        self.noise = noise
+        self.seed = int(seed)
+
+    def slips_for(self, info: dict) -> frozenset[str]:
+        return draw_slips(self.noise, self.seed, info["task_id"], info.get("sample_index", 0))[0]
+
+    def _new_plan(self, info: dict) -> Plan:
+        slips, variant = draw_slips(self.noise, self.seed, info["task_id"], info.get("sample_index", 0))
+        return noisy_plan(info["task"], slips, Formatter(variant))

@@ -1,0 +1,158 @@
+"""HarnessSpec as data, and the benchmark-independent knob functions."""
+import json
+import pathlib
+
+import pytest
+
+from harness_envs import harness as hz
+
+POOL = pathlib.Path(__file__).resolve().parents[2] / "harness_envs" / "pools" / "dbbench_siblings.json"
+
+
+def test_defaults_are_the_published_protocol():
+    d = hz.knob_defaults()
+    assert d["parse_mode"] == "strict" and d["on_malformed"] == "fail"
+    assert d["obs_max_chars"] == 800 and d["max_rounds"] == 15 and d["obs_page_rows"] == 0
+    assert d["context"] == "all" and d["answer_normalization"] == "none"
+    assert d["verify_before_answer"] is False and d["schema_reminder_on_error"] is False and d["hint"] is None
+    assert hz.BASE.resolved() == d
+
+
+def test_json_round_trip_is_exact():
+    spec = hz.HarnessSpec("s1", parent="base", direction="turn_budget",
+                          knobs={"max_rounds": 30, "hint": "look first", "verify_before_answer": True},
+                          doc="a sibling")
+    blob = json.dumps(spec.to_json())
+    back = hz.HarnessSpec.from_json(blob)
+    assert back == spec
+    assert back.to_json() == spec.to_json()
+    assert hz.HarnessSpec.from_json(json.loads(blob)) == spec
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"max_round": 3}, "unknown knob(s) ['max_round']"),
+    ({"parse_mode": "loose"}, "is not one of"),
+    ({"max_rounds": 0}, "below its minimum"),
+    ({"obs_max_chars": 10**9}, "above its maximum"),
+    ({"max_rounds": True}, "must be int"),
+    ({"max_rounds": "15"}, "must be int"),
+    ({"verify_before_answer": 1}, "must be bool"),
+    ({"hint": 3}, "must be str or None"),
+])
+def test_validate_names_the_problem(knobs, message):
+    with pytest.raises(ValueError) as err:
+        hz.HarnessSpec("bad", knobs=knobs).validate()
+    assert message in str(err.value)
+
+
+def test_from_json_rejects_unknown_fields_and_knobs():
+    with pytest.raises(ValueError, match="unknown field"):
+        hz.HarnessSpec.from_json({"name": "x", "knobz": {}})
+    with pytest.raises(ValueError, match="unknown knob"):
+        hz.HarnessSpec.from_json({"name": "x", "knobs": {"nope": 1}})
+
+
+def test_with_knobs_and_diff():
+    child = hz.BASE.with_knobs(name="paged", direction="observation_paging", obs_page_rows=20, obs_max_chars=800)
+    assert child.parent == "base" and child.direction == "observation_paging"
+    assert child.knobs == {"obs_page_rows": 20}  # a default value is not stored as an override
+    assert child.knob("obs_page_rows") == 20 and child.knob("max_rounds") == 15
+    assert hz.BASE.diff(child) == {"obs_page_rows": (0, 20)}
+    assert child.diff(child) == {}
+    grandchild = child.with_knobs(max_rounds=20)
+    assert grandchild.parent == "paged" and grandchild.knobs == {"obs_page_rows": 20, "max_rounds": 20}
+    assert "max_rounds=20" in grandchild.name
+    with pytest.raises(ValueError, match="unknown knob"):
+        hz.BASE.with_knobs(turns=3)
+    with pytest.raises(KeyError, match="unknown knob"):
+        hz.BASE.knob("turns")
+
+
+def test_starter_pool_siblings_differ_only_in_knobs(tmp_path):
+    pool = hz.load_pool(POOL)
+    assert "base" in pool and len(pool) >= 7
+    directions = set()
+    for name, spec in pool.items():
+        if name == "base":
+            continue
+        assert spec.parent == "base" and spec.direction and spec.doc
+        assert spec.diff(hz.BASE), f"{name} is identical to the base"
+        directions.add(spec.direction)
+    assert len(directions) == len(pool) - 1, "one repair direction per sibling"
+    # save/load round trip
+    out = tmp_path / "pool.json"
+    hz.save_pool(out, list(pool.values()), benchmark="dbbench")
+    assert hz.load_pool(out) == pool
+
+
+def test_load_pool_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        hz.load_pool(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"harnesses": [{"name": "x", "parent": "ghost", "knobs": {}}]}))
+    with pytest.raises(ValueError, match="names parent 'ghost'"):
+        hz.load_pool(bad)
+    bad.write_text(json.dumps({"harnesses": [{"name": "x"}, {"name": "x", "knobs": {"max_rounds": 3}}]}))
+    with pytest.raises(ValueError, match="defined twice"):
+        hz.load_pool(bad)
+
+
+def test_truncate_is_the_800_char_rule():
+    assert hz.truncate("a" * 800, 800) == ("a" * 800, False)
+    text, cut = hz.truncate("a" * 801, 800)
+    assert cut and text == "a" * 800 + "[TRUNCATED]"
+
+
+def test_paginate_by_rows_and_chars():
+    rows = [(str(i),) for i in range(45)]
+    page, nxt = hz.paginate(rows, 0, 20, 10_000)
+    assert page == rows[:20] and nxt == 20
+    page, nxt = hz.paginate(rows, 40, 20, 10_000)
+    assert page == rows[40:] and nxt is None
+    wide = [("x" * 100,) for _ in range(10)]
+    page, nxt = hz.paginate(wide, 0, 10, 350)
+    assert 1 <= len(page) < 10 and len(str(page)) <= 350 and nxt == len(page)
+    page, nxt = hz.paginate([("y" * 1000,)], 0, 10, 100)  # never an empty page
+    assert len(page) == 1 and nxt is None
+
+
+def _history(n_turns):
+    h = [{"role": "user", "content": "instr"}, {"role": "assistant", "content": "Ok."},
+         {"role": "user", "content": "question"}]
+    for i in range(n_turns):
+        h += [{"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"obs{i}" * 10}]
+    return h
+
+
+def test_select_context_modes():
+    h = _history(5)
+    assert hz.select_context(h, 3, "all", 2) == h
+    last = hz.select_context(h, 3, "last_n", 2)
+    assert last == h[:3] + h[-4:]
+    comp = hz.select_context(h, 3, "compress", 2)
+    assert len(comp) == len(h)
+    assert [m["content"] for m in comp if m["role"] == "assistant"] == [m["content"] for m in h if m["role"] == "assistant"]
+    assert comp[4]["content"] == hz.elide_observation(h[4]["content"]) and comp[-1] == h[-1] and comp[-3] == h[-3]
+    assert hz.select_context(_history(1), 3, "last_n", 2) == _history(1)
+    with pytest.raises(ValueError, match="context mode"):
+        hz.select_context(h, 3, "summarize", 2)
+
+
+@pytest.mark.parametrize("answer, mode, expected", [
+    (' ["Vienna"]', "none", ' ["Vienna"]'),
+    (None, "strip", None),
+    ("""[" 'Vienna' ", "  `Graz`"]""", "strip", '["Vienna", "Graz"]'),
+    (' Vienna ', "strip", '["Vienna"]'),
+    ('["\\"House of Cards\\""]', "strip", '["\\"House of Cards\\""]'),  # double quotes stay
+    ("[12, ' 3.50 ']", "strip", '["12", "3.50"]'),
+    ("[12, ' 3.50 ', '3,729.7', 'x']", "numeric", '["12.0", "3.5", "3,729.7", "x"]'),
+])
+def test_normalize_answer(answer, mode, expected):
+    assert hz.normalize_answer(answer, mode) == expected
+
+
+def test_empty_answers():
+    for a in (None, "", "  ", "[]", "['']", "[' ', \"''\"]"):
+        assert hz.is_empty_answer(a), a
+    for a in ("[0]", "['x']", "done"):
+        assert not hz.is_empty_answer(a), a
