@@ -1,0 +1,477 @@
+"""MariaDB backend: AgentBench's MySQL setting, faithfully, on a server reached with `pymysql`.
+
+Either connect to a server given by URL (`mysql://admin:pw@host:3306/` or
+`mysql://root@localhost/?unix_socket=/run/mysqld/mysqld.sock`; the account needs CREATE USER,
+CREATE, DROP and GRANT) or start one: a socket-only `mariadbd` on a temporary data directory,
+shared by the process and shut down at exit. Each episode gets its own database and its own user
+with rights on that database only (no FILE or other global privilege); the episode session runs
+with `sql_mode=''`, `max_statement_time`, MySQL 8's `group_concat_max_len` and an accent- and
+case-insensitive collation; a watchdog kills statements that outlive the budget regardless.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+
+from harness_envs.dbbench.backends import (
+    Backend,
+    EpisodeDB,
+    ExecResult,
+    Limits,
+    TableLoadError,
+    check_text,
+    error_result,
+    fetch_capped,
+    hash_sql,
+    mysql_quote_ident,
+    ok_result,
+)
+from harness_envs.dbbench.data import DBTask
+
+INSTALL_HINT = (
+    "install the MariaDB server binaries (Debian/Ubuntu: `apt-get install -y mariadb-server-core "
+    "mariadb-client-core`, or run .ci/install_mariadb.sh), or pass url= to use an existing server"
+)
+# Closest to MySQL 8's utf8mb4_0900_ai_ci (UCA 9.0, accent- and case-insensitive, NO PAD) first.
+COLLATIONS = ("utf8mb4_uca1400_nopad_ai_ci", "utf8mb4_uca1400_ai_ci", "utf8mb4_unicode_520_ci", "utf8mb4_unicode_ci")
+_SQLSTATES = {
+    1044: "42000", 1045: "28000", 1046: "3D000", 1049: "42000", 1050: "42S01", 1051: "42S02",
+    1054: "42S22", 1060: "42S21", 1062: "23000", 1064: "42000", 1065: "42000", 1136: "21S01",
+    1142: "42000", 1143: "42000", 1146: "42S02", 1149: "42000", 1166: "42000", 1227: "42000",
+    1241: "21000", 1242: "21000", 1264: "22003", 1265: "01000", 1292: "22007", 1305: "42000",
+    1317: "70100", 1364: "HY000", 1366: "HY000", 1370: "42000", 1969: "70100",
+}
+_EPISODE_PREFIX = "hsjax_ep_"
+
+
+def mysql_error_text(exc: Exception) -> str:
+    """`errno (sqlstate): message`, the shape of the observation AgentBench's client produced."""
+    args = getattr(exc, "args", ())
+    if len(args) >= 2 and isinstance(args[0], int):
+        errno, message = args[0], str(args[1])
+        message = message.replace("MariaDB server version", "MySQL server version")
+        return f"{errno} ({_SQLSTATES.get(errno, 'HY000')}): {message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _find_binary(*names: str) -> str | None:
+    for name in names:
+        for candidate in (shutil.which(name), f"/usr/sbin/{name}", f"/usr/bin/{name}"):
+            if candidate and os.access(candidate, os.X_OK):
+                return candidate
+    return None
+
+
+def _default_root_dir() -> str | None:
+    """A RAM-backed directory when there is one: per-episode DDL is several times faster there."""
+    shm = "/dev/shm"
+    try:
+        if os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 1 << 30:
+            return shm
+    except OSError:
+        pass
+    return None
+
+
+_TMP_PREFIX = "hsjax-mariadb-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _read_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def remove_stale_servers(root_dir: str) -> None:
+    """Clean up after processes that died without their atexit hook (SIGKILL, OOM): stop the
+    servers whose owning process is gone and delete their data directories."""
+    for entry in os.scandir(root_dir):
+        if not entry.name.startswith(_TMP_PREFIX) or not entry.is_dir():
+            continue
+        owner = _read_pid(os.path.join(entry.path, "owner.pid"))
+        if owner is None or _alive(owner):
+            continue  # still starting, or still in use
+        server = _read_pid(os.path.join(entry.path, "mariadbd.pid"))
+        if server is not None and _alive(server):
+            os.kill(server, signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            while _alive(server) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(server):
+                continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+
+
+class LocalServer:
+    """A socket-only mariadbd on a temporary data directory, owned by this process."""
+
+    def __init__(self, startup_timeout_s: float = 60.0, root_dir: str | None = None):
+        mariadbd = _find_binary("mariadbd", "mysqld")
+        install_db = _find_binary("mariadb-install-db", "mysql_install_db")
+        if mariadbd is None or install_db is None:
+            raise RuntimeError(f"MariaDB backend: no mariadbd / mariadb-install-db binary found; {INSTALL_HINT}")
+        root_dir = root_dir or _default_root_dir() or tempfile.gettempdir()
+        remove_stale_servers(root_dir)
+        self.tmpdir = tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=root_dir)
+        with open(os.path.join(self.tmpdir, "owner.pid"), "w") as f:
+            f.write(str(os.getpid()))
+        self.socket = os.path.join(self.tmpdir, "mysqld.sock")
+        datadir = os.path.join(self.tmpdir, "data")
+        self._log = os.path.join(self.tmpdir, "mariadbd.err")
+        as_root = ["--user=root"] if os.geteuid() == 0 else []
+        no_files = os.path.join(self.tmpdir, "no-files")  # secure_file_priv: an empty dir nobody writes
+        os.mkdir(no_files)
+        try:
+            subprocess.run(
+                [install_db, "--no-defaults", f"--datadir={datadir}", "--auth-root-authentication-method=socket",
+                 "--skip-test-db", *as_root],
+                check=True, capture_output=True, timeout=startup_timeout_s,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+            out = getattr(e, "stderr", b"") or b""
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            raise RuntimeError(f"MariaDB backend: mariadb-install-db failed: {out.decode(errors='replace')[-2000:]}")
+        self._stderr = open(os.path.join(self.tmpdir, "mariadbd.out"), "wb")
+        self.process = subprocess.Popen(
+            [mariadbd, "--no-defaults", f"--datadir={datadir}", f"--socket={self.socket}", "--skip-networking",
+             f"--pid-file={os.path.join(self.tmpdir, 'mariadbd.pid')}", f"--log-error={self._log}",
+             "--skip-log-bin", "--performance-schema=OFF", "--innodb-buffer-pool-size=64M",
+             "--innodb-log-file-size=32M", "--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0",
+             "--innodb-file-per-table=OFF", "--max-connections=1000", "--character-set-server=utf8mb4",
+             "--local-infile=0", f"--secure-file-priv={no_files}", *as_root],
+            stdout=subprocess.DEVNULL, stderr=self._stderr, start_new_session=True,
+        )
+        self._wait_ready(startup_timeout_s)
+        atexit.register(self.stop)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        import pymysql
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            if os.path.exists(self.socket):
+                try:
+                    pymysql.connect(unix_socket=self.socket, user="root").close()
+                    return
+                except pymysql.err.OperationalError:
+                    pass
+            time.sleep(0.05)
+        log = self.log_tail()
+        self.stop()
+        raise RuntimeError(f"MariaDB backend: mariadbd did not become ready in {timeout_s:.0f} s; log:\n{log}")
+
+    def log_tail(self, n_chars: int = 3000) -> str:
+        text = ""
+        for path in (self._log, os.path.join(self.tmpdir, "mariadbd.out")):
+            try:
+                with open(path, errors="replace") as f:
+                    text += f.read()
+            except OSError:
+                pass
+        return text[-n_chars:] or "(no log)"
+
+    @property
+    def url(self) -> str:
+        return "mysql://root@localhost/?unix_socket=" + urllib.parse.quote(self.socket)
+
+    def stop(self) -> None:
+        process, self.process = getattr(self, "process", None), None
+        if process is not None and process.poll() is None:
+            process.terminate()  # SIGTERM: mariadbd shuts down cleanly
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if getattr(self, "_stderr", None) is not None:
+            self._stderr.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+_shared_server: LocalServer | None = None
+_shared_lock = threading.Lock()
+
+
+def local_server() -> LocalServer:
+    """The process's shared local server, started on first use."""
+    global _shared_server
+    with _shared_lock:
+        if _shared_server is None or _shared_server.process is None or _shared_server.process.poll() is not None:
+            _shared_server = LocalServer()
+        return _shared_server
+
+
+def is_available() -> bool:
+    server = _find_binary("mariadbd", "mysqld")
+    return server is not None and _find_binary("mariadb-install-db", "mysql_install_db") is not None
+
+
+def parse_url(url: str) -> dict:
+    """pymysql connection arguments from `mysql://user:pw@host:port/?unix_socket=path`."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("mysql", "mariadb"):
+        raise ValueError(f"MariaDB backend: url {url!r} must start with mysql:// or mariadb://")
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    args = {
+        "user": urllib.parse.unquote(parts.username or "root"),
+        "password": urllib.parse.unquote(parts.password or ""),
+    }
+    if "unix_socket" in query:
+        args["unix_socket"] = query["unix_socket"]
+        args["ssl_disabled"] = True  # no TLS over a local socket; building a TLS context costs ~30 ms
+    else:
+        args["host"] = parts.hostname or "localhost"
+        args["port"] = parts.port or 3306
+    return args
+
+
+class MariaDBEpisodeDB(EpisodeDB):
+    def __init__(self, backend: "MariaDBBackend", task: DBTask):
+        self.task = task
+        self.backend = backend
+        self.limits = backend.limits
+        token = secrets.token_hex(6)
+        self.database = _EPISODE_PREFIX + token
+        self.user = _EPISODE_PREFIX + token
+        self._password = secrets.token_hex(16)
+        self._conn = None
+        self._closed = False
+        self._lock = threading.Lock()
+        table = task.table
+        backend.admin(
+            f"CREATE DATABASE {mysql_quote_ident(self.database)} CHARACTER SET utf8mb4 COLLATE {backend.collation}",
+            f"CREATE USER '{self.user}'@'{backend.user_host}' IDENTIFIED BY '{self._password}'",
+            f"GRANT ALL PRIVILEGES ON {mysql_quote_ident(self.database)}.* TO '{self.user}'@'{backend.user_host}'",
+        )
+        columns = ",".join(f"{mysql_quote_ident(c)} TEXT" for c in table.columns)
+        # pymysql %-formats statements that take parameters: a literal % in a name must be doubled.
+        names = ",".join(mysql_quote_ident(c) for c in table.columns).replace("%", "%%")
+        statements = [f"CREATE TABLE {mysql_quote_ident(table.name)} ({columns})"]
+        params = [None]
+        if table.rows:
+            marks = ",".join(["(" + ",".join(["%s"] * len(table.columns)) + ")"] * len(table.rows))
+            into = mysql_quote_ident(table.name).replace("%", "%%")
+            statements.append(f"INSERT INTO {into} ({names}) VALUES {marks}")
+            params.append([cell for row in table.rows for cell in row])
+        try:
+            backend.admin_in(self.database, statements, params)
+        except Exception as e:
+            self.close()
+            raise TableLoadError(
+                f"{task.task_id}: table {table.name!r} cannot be created: {mysql_error_text(e)}"
+            ) from e
+        try:
+            self._connection()
+        except Exception:
+            self.close()
+            raise
+
+    def _connection(self):
+        if self._closed:
+            raise RuntimeError(f"episode database of {self.task.task_id} is closed; open a new one")
+        if self._conn is None:
+            import pymysql
+
+            budget = self.limits.time_budget_s
+            self._conn = pymysql.connect(
+                **self.backend.connect_args, user=self.user, password=self._password, database=self.database,
+                charset="utf8mb4", collation=self.backend.collation, autocommit=True, local_infile=False,
+                init_command=(
+                    f"SET SESSION sql_mode='', max_statement_time={budget:.3f}, group_concat_max_len=1024"
+                ),
+            )
+        return self._conn
+
+    def _drop_connection(self, cursor=None) -> None:
+        """Kill the server side first, so that an unread result ends at once instead of streaming."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        self.backend.kill(conn.thread_id())
+        if cursor is not None:
+            # Abandon the unread result: otherwise pymysql tries to drain it from the dead socket.
+            result = getattr(cursor, "_result", None)
+            if result is not None:
+                result.unbuffered_active = False
+            cursor.connection = None
+        try:
+            conn.close()
+        except Exception:
+            pass  # the connection is dead by design
+
+    def execute(self, sql: str) -> ExecResult:
+        sql = check_text(sql)
+        if isinstance(sql, ExecResult):
+            return sql
+        import pymysql
+
+        with self._lock:
+            try:
+                conn = self._connection()
+            except pymysql.MySQLError as e:
+                return error_result(mysql_error_text(e))
+            watchdog = threading.Timer(self.limits.time_budget_s + 2.0, self.backend.kill_query, (conn.thread_id(),))
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                cursor = conn.cursor(pymysql.cursors.SSCursor)
+                cursor.execute(sql)
+                if cursor.description is None:
+                    rows, truncated = [], False
+                else:
+                    rows, truncated = fetch_capped(cursor.fetchmany, self.limits)
+                if truncated:
+                    self._drop_connection(cursor)
+                else:
+                    cursor.close()
+            except pymysql.MySQLError as e:
+                if isinstance(e, (pymysql.err.OperationalError, pymysql.err.InterfaceError)) and not conn.open:
+                    self._conn = None
+                return error_result(mysql_error_text(e))
+            finally:
+                watchdog.cancel()
+        return ok_result(rows, truncated)
+
+    def table_hash(self) -> str:
+        import pymysql
+
+        try:
+            rows = self.backend.admin_in(self.database, [hash_sql(self.task.table)], [None], fetch=True)
+        except pymysql.MySQLError as e:
+            return mysql_error_text(e)
+        return str(rows)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._drop_connection()
+            except Exception:
+                pass
+            self.backend.drop_episode(self.database, self.user)
+
+
+class MariaDBBackend(Backend):
+    kind = "mariadb"
+
+    def __init__(self, url: str | None = None, time_budget_s: float = 2.0, max_rows: int = 10_000,
+                 max_bytes: int = 1_000_000, collation: str | None = None, user_host: str | None = None):
+        if importlib.util.find_spec("pymysql") is None:
+            raise RuntimeError("MariaDB backend needs the `pymysql` package: pip install pymysql")
+        self.limits = Limits(time_budget_s=time_budget_s, max_rows=max_rows, max_bytes=max_bytes)
+        self.server = local_server() if url is None else None
+        self.url = url or self.server.url
+        self.connect_args = parse_url(self.url)
+        admin_args = dict(self.connect_args)
+        self._admin_user = {"user": admin_args.pop("user"), "password": admin_args.pop("password")}
+        self.connect_args = admin_args
+        self.user_host = user_host or ("localhost" if "unix_socket" in admin_args else "%")
+        self._admin_lock = threading.Lock()
+        self._admin_conn = None
+        self.collation = collation or self._pick_collation()
+
+    def _admin(self):
+        import pymysql
+
+        if self._admin_conn is None or not self._admin_conn.open:
+            self._admin_conn = pymysql.connect(
+                **self.connect_args, **self._admin_user, charset="utf8mb4", autocommit=True,
+                init_command="SET SESSION sql_mode='', group_concat_max_len=1024",
+            )
+        return self._admin_conn
+
+    def _pick_collation(self) -> str:
+        import pymysql
+
+        with self._admin_lock:
+            cursor = self._admin().cursor()
+            for name in COLLATIONS:
+                try:
+                    cursor.execute(f"SELECT _utf8mb4'a' COLLATE {name}")
+                    cursor.fetchall()
+                    return name
+                except pymysql.MySQLError:
+                    continue
+        raise RuntimeError(f"MariaDB backend: none of the collations {COLLATIONS} exists on {self.url}")
+
+    def admin(self, *statements: str) -> None:
+        with self._admin_lock:
+            with self._admin().cursor() as cursor:
+                for statement in statements:
+                    cursor.execute(statement)
+
+    def admin_in(self, database: str, statements, params, fetch: bool = False):
+        """Run statements in `database` on the admin connection; the last one's rows if fetch."""
+        with self._admin_lock:
+            conn = self._admin()
+            conn.select_db(database)
+            try:
+                with conn.cursor() as cursor:
+                    for statement, args in zip(statements, params):
+                        cursor.execute(statement, args)
+                    return list(cursor.fetchall()) if fetch else None
+            finally:
+                with conn.cursor() as cursor:
+                    cursor.execute("USE mysql")
+
+    def kill(self, thread_id: int) -> None:
+        self._kill("KILL CONNECTION", thread_id)
+
+    def kill_query(self, thread_id: int) -> None:
+        self._kill("KILL QUERY", thread_id)
+
+    def _kill(self, verb: str, thread_id: int) -> None:
+        import pymysql
+
+        try:
+            self.admin(f"{verb} {int(thread_id)}")
+        except pymysql.MySQLError:
+            pass  # already gone
+
+    def drop_episode(self, database: str, user: str) -> None:
+        import pymysql
+
+        try:
+            self.admin(
+                f"DROP DATABASE IF EXISTS {mysql_quote_ident(database)}",
+                f"DROP USER IF EXISTS '{user}'@'{self.user_host}'",
+            )
+        except pymysql.MySQLError:
+            pass  # the server is gone; nothing left to clean
+
+    def open(self, task: DBTask) -> MariaDBEpisodeDB:
+        return MariaDBEpisodeDB(self, task)
+
+    def close(self) -> None:
+        with self._admin_lock:
+            if self._admin_conn is not None:
+                try:
+                    self._admin_conn.close()
+                except Exception:
+                    pass
+                self._admin_conn = None
