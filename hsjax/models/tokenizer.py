@@ -111,10 +111,9 @@ def load_tokenizer(hf_dir: str | os.PathLike) -> transformers.PreTrainedTokenize
         raise FileNotFoundError(
             f"{path / 'tokenizer.json'} not found: point to a local HF model or tokenizer directory "
             "(build one with hsjax.models.tokenizer.build_tiny_tokenizer(out_dir)).")
-    tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    if not isinstance(tok, transformers.PreTrainedTokenizerFast):
-        raise TypeError(f"{path} loaded as {type(tok).__name__}; hsjax needs a fast tokenizer.")
-    return tok
+    # Not AutoTokenizer: beside a qwen2 config.json it builds a Qwen2Tokenizer whose own
+    # pre-tokenizer changes the ids of any other vocabulary; tokenizer.json alone is the truth.
+    return transformers.PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
 
 
 def eos_ids(tokenizer) -> list[int]:
