@@ -22,7 +22,6 @@ MODES = {
     "eval": "hsjax.evaluate",
     "sft": "hsjax.sft",
     "evolve": "hsjax.evolve",
-    "profile": "hsjax.router.profiles",
     "serve": "hsjax.serve",
 }
 

@@ -169,6 +169,11 @@ def run_episodes(episodes: list, policy, sampling, *, batch_size: int, env_worke
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     from tqdm import tqdm
 
+    if config.eval.get("mode", "eval") == "rank1":
+        from hsjax import rank1
+
+        return rank1.main(config, workdir)
+
     t0 = time.perf_counter()
     tasks = load_split(config.split)
     if config.limit:
