@@ -74,14 +74,169 @@ def _eval(c: ml_collections.ConfigDict) -> None:
     c.mode = "eval"
 
 
+# ------------------------------------------------------------------------------------------------
+# Training (config.mode = 'train', hsjax/train.py). `split`, `harnesses`, `policy`, `sampling` above
+# belong to eval mode; training reads the blocks below.
+
+HINT = ("Hint: look at the table first with a simple SELECT so that you use its exact column names "
+        "and spellings, and write the final answer exactly in the required format.")
+
+
+def _train(c: ml_collections.ConfigDict) -> None:
+    c.mode = "train"
+    c.benchmark = "dbbench"
+    c.total_steps = 200
+
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "tiny"  # used when hf_dir is empty: random weights + the tiny tokenizer
+    c.model.hf_dir = ""  # a local Hugging Face directory (config.json, safetensors, tokenizer)
+    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+    c.model.param_dtype = "float32"  # master weights
+    c.model.remat = False
+    c.model.attention_impl = "xla"  # xla | cudnn (GPU)
+
+    c.data = ml_collections.ConfigDict()
+    c.data.train_split = "standard_train"
+    c.data.limit = 0  # 0 = every task of the split
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.groups = 8  # G tasks per step
+    c.rollout.n = 4  # base rollouts per task
+    c.rollout.temperature = 1.0
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = 0
+    c.rollout.greedy = False
+    c.rollout.max_new_tokens = 256
+    c.rollout.max_context_tokens = 4096
+    c.rollout.env_workers = 4
+
+    c.rescue = ml_collections.ConfigDict()
+    c.rescue.kind = "none"  # none | random | fixed | hint | harness_s
+    c.rescue.k = 2  # siblings per all-fail group
+    c.rescue.m = 2  # rollouts per sibling
+    c.rescue.siblings = ("lenient_parse",)  # kind=fixed: names from the pool
+    c.rescue.hint = HINT  # kind=hint: the hint line of the single hint-augmented base harness
+
+    c.dapo = ml_collections.ConfigDict()
+    c.dapo.enabled = False
+    c.dapo.max_draws = 4  # at most this many draws of G tasks per step
+
+    c.loss = ml_collections.ConfigDict()
+    c.loss.advantage = "grpo"  # grpo | drgrpo | rloo
+    c.loss.success_threshold = 1.0
+    c.loss.eps_low = 0.2
+    c.loss.eps_high = 0.28
+    c.loss.aggregation = "token_mean"  # token_mean | sequence_mean
+    c.loss.beta = 0.0
+    c.loss.is_cap = 2.0
+    c.loss.rescue_context = "as_generated"  # as_generated | base
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.learning_rate = 1e-6
+    c.optim.warmup_steps = 10
+    c.optim.weight_decay = 0.01
+    c.optim.max_grad_norm = 1.0
+    c.optim.schedule_steps = 0  # steps of the warm-up + cosine schedule; 0 = total_steps
+
+    c.batch = ml_collections.ConfigDict()
+    c.batch.T_buckets = (512, 1024, 2048, 4096, 8192)
+    c.batch.micro_batches = 1
+    c.batch.overlong = "drop"  # drop | error
+
+    c.eval.every = 50
+    c.eval.split = "standard_heldout"
+    c.eval.limit = 0
+    c.eval.greedy = True
+    c.eval.temperature = 1.0
+    c.eval.top_p = 1.0
+    c.eval.top_k = 0
+    c.eval.max_new_tokens = 256
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every = 10
+    c.checkpoint.keep = 3
+
+    c.log = ml_collections.ConfigDict()
+    c.log.tensorboard = True
+    c.log.progress = True
+    c.log.episodes_every = 10
+
+    c.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
+    c.sharding_rules = ()  # (logical, mesh axes) pairs; empty = hsjax.sharding.DEFAULT_RULES
+
+
+def _policy_only(c):
+    _ensure_train(c)
+    c.rescue.kind = "none"
+
+
+def _dapo(c):
+    _ensure_train(c)
+    c.rescue.kind = "none"
+    c.dapo.enabled = True
+
+
+def _hint(c):
+    _ensure_train(c)
+    c.rescue.kind = "hint"
+    c.rescue.k = 1
+
+
+def _harness_s(c):
+    _ensure_train(c)
+    c.rescue.kind = "harness_s"
+    c.router = ml_collections.ConfigDict()
+    c.router.aggregation = "borda"  # borda | majority | weighted
+    c.router.profile_weight = 0.5
+    c.router.explore = 0.2
+    c.router.decay = 0.9
+    c.router.reanchor_every = 10
+    c.router.voters = ()  # dicts of hsjax.router.voters.VoterSpec fields
+
+
+def _smoke(c):
+    """A few steps of a tiny random policy on a handful of tasks: minutes on a CPU."""
+    _ensure_train(c)
+    c.total_steps = 4
+    c.optim.warmup_steps = 1
+    c.data.limit = 16
+    c.rollout.groups = 2
+    c.rollout.n = 2
+    c.rollout.max_new_tokens = 24
+    c.rollout.max_context_tokens = 2048
+    c.rescue.kind = "random"  # exercises the rescue path; an arm named with smoke overrides it
+    c.rescue.m = 1
+    c.batch.T_buckets = (512, 1024, 2048)
+    c.eval.every = 2
+    c.eval.limit = 4
+    c.eval.max_new_tokens = 24
+    c.checkpoint.every = 2
+    c.log.episodes_every = 2
+    c.log.progress = False
+
+
+def _ensure_train(c):
+    if c.mode != "train":
+        _train(c)
+
+
 VARIANTS = {
     "eval": _eval,
+    "train": _ensure_train,
+    "policy_only": _policy_only,
+    "dapo": _dapo,
+    "hint": _hint,
+    "harness_s": _harness_s,
+    "smoke": _smoke,
 }
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = base_config()
-    for variant in [a.strip() for a in (arg or "").split(",") if a.strip()]:
+    variants = [a.strip() for a in (arg or "").split(",") if a.strip()]
+    # `smoke` only shrinks sizes: applied first, so `smoke,dapo` and `dapo,smoke` are the same run.
+    variants.sort(key=lambda v: v != "smoke")
+    for variant in variants:
         if variant not in VARIANTS:
             raise ValueError(f"unknown experiments/dbbench.py variant {variant!r}; known: {sorted(VARIANTS)}")
         VARIANTS[variant](c)

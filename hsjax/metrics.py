@@ -4,6 +4,7 @@ Every row carries `step`; metric names are slash-separated (`reward/mean`, `loss
 Values are converted to plain Python floats on the host once per step, never inside the jitted
 update.
 """
+import dataclasses
 import json
 import math
 import os
@@ -20,7 +21,11 @@ def to_python(value: Any) -> Any:
         return {str(k): to_python(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_python(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_python(dataclasses.asdict(value))
     array = np.asarray(value)
+    if array.dtype == object and array.ndim == 0:
+        return str(value)
     if array.ndim == 0:
         scalar = array.item()
         if isinstance(scalar, float) and not math.isfinite(scalar):
@@ -53,16 +58,30 @@ class MetricWriter:
 
     def truncate_after(self, step: int) -> None:
         """Drops rows written after `step`: a resumed run rewrites them exactly, without duplicates."""
-        if not os.path.exists(self.path):
-            return
-        with open(self.path) as f:
-            rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-        with open(self.path, "w") as f:
-            f.writelines(rows)
+        truncate_jsonl_after(self.path, step)
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def _parse_rows(lines):
+    for line in lines:
+        try:
+            yield line, json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line torn by a killed process
+
+
+def truncate_jsonl_after(path: str, step: int) -> None:
+    """Keeps the rows of a JSON-lines file whose `step` is at most `step` (and drops torn lines)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        kept = [line if line.endswith("\n") else line + "\n"
+                for line, row in _parse_rows(f) if row.get("step", 0) <= step]
+    with open(path, "w") as f:
+        f.writelines(kept)
 
 
 def read_metrics(workdir: str) -> list[dict]:
@@ -70,7 +89,7 @@ def read_metrics(workdir: str) -> list[dict]:
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [row for _, row in _parse_rows(f)]
 
 
 def write_episodes(workdir: str, step: int, records: list[dict]) -> str:
