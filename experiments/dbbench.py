@@ -130,6 +130,7 @@ def _train(c: ml_collections.ConfigDict) -> None:
     c.loss.beta = 0.0
     c.loss.is_cap = 2.0
     c.loss.rescue_context = "as_generated"  # as_generated | base
+    c.loss.rescue_baseline = "rescue"  # rescue | with_base (see docs/training.md)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-6

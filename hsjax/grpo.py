@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from hsjax.advantages import get_advantage, rescue_mask, safe_div, success
+from hsjax.advantages import get_advantage, group_sum, rescue_mask, safe_div, success
 from hsjax.batch import TrainBatch
 from hsjax.losses import LossConfig, aggregate, policy_loss_terms, target_mask, token_logp
 from hsjax.models.model import forward
@@ -41,8 +41,15 @@ def group_terms(batch: TrainBatch, loss_cfg: LossConfig) -> Dict[str, Any]:
     success_B = success(batch.reward_B, batch.valid_B, loss_cfg.success_threshold)
     active_B, stats = rescue_mask(success_B, batch.valid_B, batch.is_rescue_B, batch.group_B,
                                   batch.num_groups)
-    advantage_B = get_advantage(loss_cfg.advantage)(batch.reward_B, batch.group_B, active_B,
+    baseline_B = active_B
+    if loss_cfg.rescue_baseline == "with_base":
+        rescued_G = group_sum((active_B & batch.is_rescue_B).astype(jnp.int32), batch.group_B,
+                              batch.num_groups) > 0
+        failed_base_B = batch.valid_B & ~batch.is_rescue_B & rescued_G[batch.group_B]
+        baseline_B = active_B | failed_base_B
+    advantage_B = get_advantage(loss_cfg.advantage)(batch.reward_B, batch.group_B, baseline_B,
                                                     batch.num_groups)
+    advantage_B = jnp.where(active_B, advantage_B, 0.0)
     mask_BxT = target_mask(batch.loss_mask_BxT, batch.segment_ids_BxT) & active_B[:, None]
     valid_f = jnp.sum(batch.valid_B.astype(jnp.float32))
     overlong_f = jnp.sum(batch.overlong_B.astype(jnp.float32))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from hsjax.advantages import get_advantage
 
 AGGREGATIONS = ("token_mean", "sequence_mean")
+RESCUE_BASELINES = ("rescue", "with_base")
 SumDen = Tuple[jax.Array, jax.Array]
 
 
@@ -32,6 +33,11 @@ class LossConfig:
                         (mean over each row's tokens, then over rows)
     beta:               weight of the k3 KL estimate to `ref_logp_BxT` (0 disables it)
     temperature:        the sampler's temperature; logp is taken of softmax(logits / temperature)
+    rescue_baseline:    statistics of a rescued group's advantages: `rescue` (over its active rescue
+                        slots only: a rescue whose every slot succeeded gives no signal) or
+                        `with_base` (over the rescue slots and the group's failed base slots, which
+                        stay masked from the loss: each rescue success is credited against the
+                        failures it replaced)
     is_cap:             cap c of the truncated importance weight on re-contextualised rescue rows
                         (`rescue_context='base'`, rows with `recontext_B`): w = min(pi_old(base) /
                         mu(sibling), c)
@@ -45,9 +51,12 @@ class LossConfig:
     beta: float = 0.0
     temperature: float = 1.0
     is_cap: float = 2.0
+    rescue_baseline: str = "rescue"
 
     def __post_init__(self):
         get_advantage(self.advantage)  # Raises with the list of known estimators.
+        if self.rescue_baseline not in RESCUE_BASELINES:
+            raise ValueError(f"rescue_baseline {self.rescue_baseline!r} is not one of {RESCUE_BASELINES}")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"loss aggregation {self.aggregation!r} is not one of {AGGREGATIONS}")
         if not (0 <= self.eps_low < 1 and self.eps_high >= 0):

@@ -44,7 +44,8 @@ def loss_config(config) -> LossConfig:
                       success_threshold=config.loss.success_threshold,
                       eps_low=config.loss.eps_low, eps_high=config.loss.eps_high,
                       aggregation=config.loss.aggregation, beta=config.loss.beta,
-                      temperature=config.rollout.temperature, is_cap=config.loss.is_cap)
+                      temperature=config.rollout.temperature, is_cap=config.loss.is_cap,
+                      rescue_baseline=config.loss.rescue_baseline)
 
 
 def rollout_groups(tasks, spec, n, policy, sampling, bench, config, harness_id):

@@ -288,3 +288,37 @@ def test_loss_config_rejects_bad_options():
                 dict(temperature=0.0)):
         with pytest.raises(ValueError):
             LossConfig(**bad)
+
+
+def _terms_batch(reward, valid, is_rescue, group, G, T=4):
+    from hsjax.batch import TrainBatch
+
+    B = len(reward)
+    zeros_BxT = np.zeros((B, T), np.float32)
+    return TrainBatch(
+        tokens_BxT=np.zeros((B, T), np.int32), positions_BxT=np.tile(np.arange(T, dtype=np.int32), (B, 1)),
+        segment_ids_BxT=np.ones((B, T), np.int32), loss_mask_BxT=np.ones((B, T), bool),
+        old_logp_BxT=zeros_BxT, reward_B=reward, group_B=group, slot_B=np.zeros(B, np.int32),
+        harness_B=np.zeros(B, np.int32), is_rescue_B=is_rescue, valid_B=valid,
+        recontext_B=np.zeros(B, bool), overlong_B=np.zeros(B, bool), num_groups=G)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_rescue_baseline_with_base_credits_an_all_success_rescue(estimator):
+    from hsjax.grpo import group_terms
+    from hsjax.losses import LossConfig
+
+    # Group 0: base all failed, every rescue slot succeeded. Group 1: an ordinary mixed base group.
+    batch = _terms_batch(*_case([[0, 0, 0], [1, 0, 0]], [[1, 1], [-1, -1]]))
+    plain = group_terms(batch, LossConfig(advantage=estimator))
+    assert np.all(np.asarray(plain["advantage_B"])[:5] == 0)  # the spec'd rule: no signal here
+    credited = group_terms(batch, LossConfig(advantage=estimator, rescue_baseline="with_base"))
+    adv = np.asarray(credited["advantage_B"])
+    assert np.all(adv[3:5] > 0), adv  # rescue successes credited against the failed base slots
+    assert np.all(adv[:3] == 0)  # the failed base slots stay out of the loss
+    np.testing.assert_array_equal(np.asarray(credited["active_B"]), np.asarray(plain["active_B"]))
+    np.testing.assert_allclose(adv[5:], np.asarray(plain["advantage_B"])[5:])  # other groups unchanged
+    # Reference for group 0: the estimator over all five slots, read off at the rescue slots.
+    reward5 = np.array([0, 0, 0, 1, 1], np.float32)
+    ref = np_advantage(estimator, reward5, np.zeros(5, np.int32), np.ones(5, bool), 1)
+    np.testing.assert_allclose(adv[3:5], ref[3:5], rtol=1e-5)
