@@ -74,6 +74,17 @@ def _eval(c: ml_collections.ConfigDict) -> None:
     c.mode = "eval"
 
 
+def _demo(c: ml_collections.ConfigDict) -> None:
+    """A scripted agent that slips in six ways, scored under the base harness and each sibling."""
+    c.mode = "eval"
+    c.name = "demo"
+    c.policy.kind = "scripted"
+    for slip in SLIP_NAMES:
+        c.policy.noise[slip] = 0.15
+    c.harnesses = ("base", "lenient_parse", "schema_reminder", "verify_answer", "paged_results",
+                   "normalize_answer", "more_rounds")
+
+
 # ------------------------------------------------------------------------------------------------
 # Training (config.mode = 'train', hsjax/train.py). `split`, `harnesses`, `policy`, `sampling` above
 # belong to eval mode; training reads the blocks below.
@@ -223,6 +234,7 @@ def _ensure_train(c):
 
 VARIANTS = {
     "eval": _eval,
+    "demo": _demo,
     "train": _ensure_train,
     "policy_only": _policy_only,
     "dapo": _dapo,
