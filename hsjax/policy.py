@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import httpx
 

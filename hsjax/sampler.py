@@ -1,0 +1,340 @@
+"""Batched sampling with a KV cache: one jit-compiled program per bucketed shape.
+
+The program prefills the left-padded prompts (pad positions -1), samples the first token, then
+runs a `lax.while_loop` of one-token decode steps until every row has stopped or the longest
+request's budget is spent. Per-row sampling settings (temperature, top-p, top-k, greedy, max new
+tokens, stop sequences) are arrays, so changing them never recompiles.
+
+Logprob convention (what the trainer recomputes): for each generated token,
+`log_softmax(logits / T)` in float32 with T the row's temperature (1 for greedy), taken BEFORE
+top-k/top-p truncation. See docs/rollout.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hsjax.models import model as model_lib
+from hsjax.models import rope
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SampleOutput:
+    """One row's result: generated ids (int32), their logprobs (float32), "stop" or "length"."""
+
+    ids: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape buckets
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def bucket_length(n: int, minimum: int = 32, step: int = 512) -> int:
+    """Powers of two from `minimum` up to `step`, then multiples of `step`."""
+    if n <= step:
+        return max(minimum, next_pow2(n))
+    return -(-n // step) * step
+
+
+def bucket_batch(n: int, buckets: Sequence[int] | None = None) -> int:
+    """The smallest configured batch size >= n (powers of two when none are configured)."""
+    if buckets:
+        for b in sorted(buckets):
+            if b >= n:
+                return b
+    return next_pow2(max(1, n))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure sampling math
+
+
+def truncate_logits(scaled_BxV, top_p_B, top_k_B):
+    """Sets to -inf the logits outside each row's top-k, then outside its top-p nucleus (mass
+    computed over the top-k set, as `transformers` does). top_k 0 and top_p 1 keep everything."""
+    vocab = scaled_BxV.shape[-1]
+    sorted_BxV = -jnp.sort(-scaled_BxV, axis=-1)
+    k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, vocab), vocab)
+    in_k_BxV = jnp.arange(vocab)[None, :] < k_B[:, None]
+    probs_BxV = jax.nn.softmax(jnp.where(in_k_BxV, sorted_BxV, -jnp.inf), axis=-1)
+    mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
+    keep_BxV = in_k_BxV & (mass_before_BxV < top_p_B[:, None])
+    num_keep_B = jnp.maximum(keep_BxV.sum(-1), 1)
+    thresh_B = jnp.take_along_axis(sorted_BxV, (num_keep_B - 1)[:, None], axis=-1)[:, 0]
+    return jnp.where(scaled_BxV >= thresh_B[:, None], scaled_BxV, -jnp.inf)
+
+
+def sample_logits(logits_BxV, key, temperature_B, top_p_B, top_k_B, greedy_B):
+    """Draws one token per row; returns (tokens_B, logprobs_B) under the module's convention."""
+    logits_BxV = logits_BxV.astype(jnp.float32)
+    temp_B = jnp.where(greedy_B, 1.0, temperature_B)
+    scaled_BxV = logits_BxV / temp_B[:, None]
+    logp_BxV = jax.nn.log_softmax(scaled_BxV, axis=-1)
+    needs_trunc_B = ~greedy_B & ((top_p_B < 1.0) | (top_k_B > 0))
+    # The sort behind top-k/top-p costs more than the rest of a small model's step: skip it when
+    # no row asks for truncation.
+    sample_from_BxV = jax.lax.cond(
+        needs_trunc_B.any(),
+        lambda: jnp.where(needs_trunc_B[:, None],
+                          truncate_logits(scaled_BxV, top_p_B, top_k_B), scaled_BxV),
+        lambda: scaled_BxV)
+    sampled_B = jax.random.categorical(key, sample_from_BxV, axis=-1)
+    tokens_B = jnp.where(greedy_B, jnp.argmax(logits_BxV, axis=-1), sampled_B).astype(jnp.int32)
+    logprobs_B = jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]
+    return tokens_B, logprobs_B
+
+
+def stop_hit(window_BxL, stops_BxNxL, stop_mask_BxNxL):
+    """Whether the last generated tokens (`window_BxL`, right-aligned, -1 before the first) end
+    with any of the row's stop sequences (right-aligned, `stop_mask` marking their tokens)."""
+    eq_BxNxL = (window_BxL[:, None, :] == stops_BxNxL) | ~stop_mask_BxNxL
+    return (eq_BxNxL.all(-1) & stop_mask_BxNxL.any(-1)).any(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiled program
+
+
+def _decode_weights(cfg, params):
+    """Weights in the compute dtype with the layers split out of their stacked arrays.
+
+    The decode loop then reads each layer's weights where they lie; slicing the stacked arrays
+    inside the loop (as a layer `scan` does) copies every weight once per generated token.
+    """
+    dtype = jnp.dtype(cfg.dtype)
+    cast = lambda w: w.astype(dtype)  # noqa: E731
+    head = params["embed"] if cfg.tie_embeddings else params["lm_head"]
+    return {"embed": cast(params["embed"]), "final_norm": cast(params["final_norm"]),
+            "head": cast(head),
+            "layers": [jax.tree.map(lambda w: cast(w[i]), params["layers"])
+                       for i in range(cfg.num_layers)]}
+
+
+def _decode_step(cfg, weights, tok_B, pos_B, slot, k_caches, v_caches, kpos_BxS):
+    """One token per row through the decoder, with per-layer caches laid out BxKxSxH.
+
+    The same math as `hsjax.models.model.forward` with T=1 and a cache (the tests check the
+    sampler's logprobs against `forward`), but attention reads each layer's keys and values in
+    place: in the model's LxBxSxKxH cache layout XLA transposes the whole cache every step.
+    Writes the new keys/values at `slot`; returns (logits_BxV float32, k_caches, v_caches, kpos).
+    """
+    dtype = jnp.dtype(cfg.dtype)
+    eps = cfg.rms_norm_eps
+    batch, num_slots = kpos_BxS.shape
+    num_kv, head_dim = cfg.num_kv_heads, cfg.head_dim
+    group = cfg.num_heads // num_kv
+    kpos_BxS = jax.lax.dynamic_update_slice(kpos_BxS, pos_B[:, None], (0, slot))
+    mask_BxS = (kpos_BxS >= 0) & (jnp.arange(num_slots)[None, :] <= slot)
+    cos_Bx1xH, sin_Bx1xH = rope.cos_sin(pos_B[:, None], rope.inv_frequencies(cfg), dtype)
+    x_Bx1xD = weights["embed"][tok_B[:, None]]
+    new_k, new_v = [], []
+    for p, k_cache_BxKxSxH, v_cache_BxKxSxH in zip(weights["layers"], k_caches, v_caches):
+        h_Bx1xD = model_lib.rms_norm(x_Bx1xD, p["attn_norm"], eps)
+        q_Bx1xNxH = jnp.einsum("btd,dnh->btnh", h_Bx1xD, p["q_proj"])
+        k_Bx1xKxH = jnp.einsum("btd,dkh->btkh", h_Bx1xD, p["k_proj"])
+        v_Bx1xKxH = jnp.einsum("btd,dkh->btkh", h_Bx1xD, p["v_proj"])
+        if cfg.qkv_bias:
+            q_Bx1xNxH = q_Bx1xNxH + p["q_bias"]
+            k_Bx1xKxH = k_Bx1xKxH + p["k_bias"]
+            v_Bx1xKxH = v_Bx1xKxH + p["v_bias"]
+        if cfg.qk_norm:
+            q_Bx1xNxH = model_lib.rms_norm(q_Bx1xNxH, p["q_norm"], eps)
+            k_Bx1xKxH = model_lib.rms_norm(k_Bx1xKxH, p["k_norm"], eps)
+        q_Bx1xNxH = rope.apply_rope(q_Bx1xNxH, cos_Bx1xH, sin_Bx1xH)
+        k_Bx1xKxH = rope.apply_rope(k_Bx1xKxH, cos_Bx1xH, sin_Bx1xH)
+        k_cache_BxKxSxH = jax.lax.dynamic_update_slice(
+            k_cache_BxKxSxH, k_Bx1xKxH.transpose(0, 2, 1, 3).astype(k_cache_BxKxSxH.dtype),
+            (0, 0, slot, 0))
+        v_cache_BxKxSxH = jax.lax.dynamic_update_slice(
+            v_cache_BxKxSxH, v_Bx1xKxH.transpose(0, 2, 1, 3).astype(v_cache_BxKxSxH.dtype),
+            (0, 0, slot, 0))
+        new_k.append(k_cache_BxKxSxH)
+        new_v.append(v_cache_BxKxSxH)
+        q_BxKxGxH = q_Bx1xNxH.reshape(batch, num_kv, group, head_dim)
+        scores_BxKxGxS = jnp.einsum("bkgh,bksh->bkgs", q_BxKxGxH,
+                                    k_cache_BxKxSxH.astype(dtype),
+                                    preferred_element_type=jnp.float32) * head_dim**-0.5
+        scores_BxKxGxS = jnp.where(mask_BxS[:, None, None], scores_BxKxGxS, -1e30)
+        probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(dtype)
+        attn_BxKxGxH = jnp.einsum("bkgs,bksh->bkgh", probs_BxKxGxS,
+                                  v_cache_BxKxSxH.astype(dtype),
+                                  preferred_element_type=jnp.float32)
+        attn_Bx1xNxH = attn_BxKxGxH.reshape(batch, 1, cfg.num_heads, head_dim).astype(dtype)
+        out_Bx1xD = jnp.einsum("btnh,nhd->btd", attn_Bx1xNxH, p["o_proj"])
+        if cfg.o_bias:
+            out_Bx1xD = out_Bx1xD + p["o_bias"]
+        x_Bx1xD = x_Bx1xD + out_Bx1xD
+        h_Bx1xD = model_lib.rms_norm(x_Bx1xD, p["mlp_norm"], eps)
+        gate_Bx1xF = jax.nn.silu(jnp.einsum("btd,df->btf", h_Bx1xD, p["gate_proj"]))
+        up_Bx1xF = jnp.einsum("btd,df->btf", h_Bx1xD, p["up_proj"])
+        x_Bx1xD = x_Bx1xD + jnp.einsum("btf,fd->btd", gate_Bx1xF * up_Bx1xF, p["down_proj"])
+    x_BxD = model_lib.rms_norm(x_Bx1xD, weights["final_norm"], eps)[:, 0]
+    spec = "bd,vd->bv" if cfg.tie_embeddings else "bd,dv->bv"
+    logits_BxV = jnp.einsum(spec, x_BxD, weights["head"], preferred_element_type=jnp.float32)
+    return logits_BxV, tuple(new_k), tuple(new_v), kpos_BxS
+
+
+def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top_p_B, top_k_B,
+                      greedy_B, max_new_B, stops_BxNxL, stop_mask_BxNxL, key, *, max_new: int,
+                      pad_id: int):
+    batch, prompt_len = tokens_BxP.shape
+    cache = model_lib.init_cache(cfg, batch, prompt_len + max_new)
+    # Prefill all but the last prompt token, then the last one alone: the first call's logits are
+    # unused, so XLA drops its BxPxV vocabulary projection (the largest prefill tensor).
+    _, cache = model_lib.forward(cfg, params, tokens_BxP[:, :-1], positions_BxP[:, :-1],
+                                 cache=cache)
+    logits_Bx1xV, cache = model_lib.forward(cfg, params, tokens_BxP[:, -1:],
+                                            positions_BxP[:, -1:], cache=cache)
+    weights = _decode_weights(cfg, params)
+    k_caches = tuple(cache.k_LxBxSxKxH[i].transpose(0, 2, 1, 3) for i in range(cfg.num_layers))
+    v_caches = tuple(cache.v_LxBxSxKxH[i].transpose(0, 2, 1, 3) for i in range(cfg.num_layers))
+    window_len = stops_BxNxL.shape[-1]
+
+    def cond(state):
+        i, done_B = state[0], state[2]
+        return (i < max_new) & ~done_B.all()
+
+    def body(state):
+        (i, logits_BxV, done_B, pos_B, length_B, stopped_B, window_BxL, out_BxM, lp_BxM,
+         k_caches, v_caches, kpos_BxS) = state
+        tok_B, lp_B = sample_logits(logits_BxV, jax.random.fold_in(key, i), temperature_B,
+                                    top_p_B, top_k_B, greedy_B)
+        tok_B = jnp.where(done_B, pad_id, tok_B)
+        lp_B = jnp.where(done_B, 0.0, lp_B)
+        out_BxM = out_BxM.at[:, i].set(tok_B)
+        lp_BxM = lp_BxM.at[:, i].set(lp_B)
+        length_B = length_B + (~done_B).astype(jnp.int32)
+        shifted_BxL = jnp.concatenate([window_BxL[:, 1:], tok_B[:, None]], axis=1)
+        window_BxL = jnp.where(done_B[:, None], window_BxL, shifted_BxL)
+        hit_B = ~done_B & stop_hit(window_BxL, stops_BxNxL, stop_mask_BxNxL)
+        stopped_B = stopped_B | hit_B
+        done_B = done_B | hit_B | (length_B >= max_new_B)
+        pos_B = pos_B + 1
+        logits_BxV, k_caches, v_caches, kpos_BxS = _decode_step(
+            cfg, weights, tok_B, pos_B, prompt_len + i, k_caches, v_caches, kpos_BxS)
+        return (i + 1, logits_BxV, done_B, pos_B, length_B, stopped_B, window_BxL, out_BxM,
+                lp_BxM, k_caches, v_caches, kpos_BxS)
+
+    state = (jnp.int32(0), logits_Bx1xV[:, 0], max_new_B <= 0, positions_BxP[:, -1],
+             jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool),
+             jnp.full((batch, window_len), -1, jnp.int32),
+             jnp.full((batch, max_new), pad_id, jnp.int32),
+             jnp.zeros((batch, max_new), jnp.float32), k_caches, v_caches, cache.pos_BxS)
+    state = jax.lax.while_loop(cond, body, state)
+    return state[7], state[8], state[4], state[5]
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_program(cfg):
+    """The jitted generation program of a model config, shared by all samplers of that config
+    (a policy rebuilt with new params reuses what was compiled)."""
+    return jax.jit(functools.partial(_generate_program, cfg), static_argnames=("max_new", "pad_id"))
+
+
+class Sampler:
+    """Compiles and caches one generation program per bucketed shape.
+
+    Shapes: batch padded to `batch_buckets` (powers of two by default), prompt length to
+    `bucket_length(n, prompt_min, prompt_step)`, the generation budget to a power of two
+    >= `max_new_min`, stop sequences to powers of two in count and length (>= 4). Each new shape
+    is logged; `num_compilations` counts the shapes this sampler has run (each is one compiled
+    program, shared with other samplers of the same config).
+    """
+
+    def __init__(self, cfg, *, eos_ids: Sequence[int] = (), pad_id: int = 0,
+                 batch_buckets: Sequence[int] | None = None, prompt_min: int = 32,
+                 prompt_step: int = 512, max_new_min: int = 16):
+        self.cfg = cfg
+        self.eos_ids = tuple(int(i) for i in eos_ids)
+        self.pad_id = int(pad_id)
+        self.batch_buckets = tuple(batch_buckets) if batch_buckets else None
+        self.prompt_min, self.prompt_step, self.max_new_min = prompt_min, prompt_step, max_new_min
+        self._program = compiled_program(cfg)
+        self._shapes: set[tuple] = set()
+
+    @property
+    def num_compilations(self) -> int:
+        return len(self._shapes)
+
+    @property
+    def compiled_shapes(self) -> list[tuple]:
+        """(batch, prompt_len, max_new, num_stop_seqs, stop_len) of every compiled program."""
+        return sorted(self._shapes)
+
+    def generate(self, params, prompts: list[list[int]], sampling, rng,
+                 stop_sequences: Sequence[Sequence] | None = None) -> list[SampleOutput]:
+        """Samples one continuation per prompt.
+
+        `sampling` is one `SamplingParams` or one per prompt; `stop_sequences[i]` (optional) adds
+        stop ids / id tuples for row i to its `stop_token_ids` and the sampler's `eos_ids`.
+        Deterministic for a given `rng` and inputs.
+        """
+        n = len(prompts)
+        if n == 0:
+            return []
+        per_row = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * n
+        if len(per_row) != n:
+            raise ValueError(f"got {len(per_row)} SamplingParams for {n} prompts")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        extra = list(stop_sequences) if stop_sequences is not None else [()] * n
+        rows_stops = []
+        for s, ex in zip(per_row, extra):
+            seqs = {(t,) if isinstance(t, (int, np.integer)) else tuple(t)
+                    for t in (*s.stop_token_ids, *self.eos_ids, *ex)}
+            rows_stops.append(sorted(q for q in seqs if q))
+
+        batch = bucket_batch(n, self.batch_buckets)
+        prompt_len = bucket_length(max(len(p) for p in prompts), self.prompt_min,
+                                   self.prompt_step)
+        max_new = max(self.max_new_min, next_pow2(max(s.max_new_tokens for s in per_row)))
+        num_stops = max(4, next_pow2(max(len(r) for r in rows_stops)))
+        stop_len = max(4, next_pow2(max((len(q) for r in rows_stops for q in r), default=1)))
+
+        tokens = np.full((batch, prompt_len), self.pad_id, np.int32)
+        positions = np.full((batch, prompt_len), -1, np.int32)
+        tokens[n:, -1], positions[n:, -1] = self.pad_id, 0  # filler rows: one token, never sampled
+        stops = np.full((batch, num_stops, stop_len), -1, np.int32)
+        stop_mask = np.zeros((batch, num_stops, stop_len), bool)
+        temperature = np.ones((batch,), np.float32)
+        top_p = np.ones((batch,), np.float32)
+        top_k = np.zeros((batch,), np.int32)
+        greedy = np.zeros((batch,), bool)
+        max_new_rows = np.zeros((batch,), np.int32)
+        for i, (p, s) in enumerate(zip(prompts, per_row)):
+            tokens[i, prompt_len - len(p):] = p
+            positions[i, prompt_len - len(p):] = np.arange(len(p))
+            temperature[i], top_p[i], top_k[i] = s.temperature, s.top_p, s.top_k
+            greedy[i], max_new_rows[i] = s.greedy, s.max_new_tokens
+            for j, q in enumerate(rows_stops[i]):
+                stops[i, j, stop_len - len(q):] = q
+                stop_mask[i, j, stop_len - len(q):] = True
+
+        shape = (batch, prompt_len, max_new, num_stops, stop_len)
+        if shape not in self._shapes:
+            self._shapes.add(shape)
+            log.info("sampler: compiling program %d for batch=%d prompt_len=%d max_new=%d "
+                     "stops=%dx%d", len(self._shapes), *shape)
+        out, lp, length, stopped = self._program(
+            params, tokens, positions, temperature, top_p, top_k, greedy, max_new_rows, stops,
+            stop_mask, rng, max_new=max_new, pad_id=self.pad_id)
+        out, lp, length, stopped = jax.device_get((out, lp, length, stopped))
+        return [SampleOutput(ids=out[i, :length[i]].copy(), logprobs=lp[i, :length[i]].copy(),
+                             finish_reason="stop" if stopped[i] else "length")
+                for i in range(n)]
