@@ -58,6 +58,12 @@ def rollout_groups(tasks, spec, n, policy, sampling, bench, config, harness_id):
     return [trajs[i * n:(i + 1) * n] for i in range(len(tasks))]
 
 
+def reseed(policy, seed: int) -> None:
+    """Restarts a sampling policy's key sequence; scripted and HTTP policies have none."""
+    if hasattr(policy, "reseed"):
+        policy.reseed(seed)
+
+
 def is_success(traj, threshold: float) -> bool:
     return float(traj.result.get("reward", 0.0)) >= threshold
 
@@ -80,7 +86,7 @@ def draw_groups(data, step, policy, bench, config, harness_ids):
     for draw in range(draws):
         tasks = data.next(G)
         sampling = sampling_from_config(config.rollout, phase_seed(config.seed, step, draw))
-        policy.reseed(sampling.seed)
+        reseed(policy, sampling.seed)
         groups = rollout_groups(tasks, bench.base, n, policy, sampling, bench, config,
                                 harness_ids["base"])
         drawn += len(tasks)
@@ -115,7 +121,7 @@ def rescue_failed_groups(step, tasks, groups, rescuer, policy, bench, config, ha
     m = config.rescue.m
     episodes = [bench.make_episode(tasks[g], spec, sample_index=i) for g, spec in plan for i in range(m)]
     sampling = sampling_from_config(config.rollout, phase_seed(config.seed, step, 1000))
-    policy.reseed(sampling.seed)
+    reseed(policy, sampling.seed)
     trajs = rollout.collect(episodes, policy, sampling, max_context_tokens=config.rollout.max_context_tokens,
                             env_workers=config.rollout.env_workers)
     for j, traj in enumerate(trajs):
@@ -148,7 +154,7 @@ def evaluate(step, policy, bench, config, workdir):
     """Success of the current policy under the base harness on the held-out tasks."""
     tasks = bench.eval_tasks
     sampling = sampling_from_config(config.eval, phase_seed(config.seed, step, 2000))
-    policy.reseed(sampling.seed)
+    reseed(policy, sampling.seed)
     episodes = [bench.make_episode(task, bench.base) for task in tasks]
     trajs = rollout.collect(episodes, policy, sampling, max_context_tokens=config.rollout.max_context_tokens,
                             env_workers=config.rollout.env_workers)
