@@ -204,6 +204,18 @@ def _harness_s(c):
     c.router.decay = 0.9
     c.router.reanchor_every = 10
     c.router.voters = ()  # dicts of hsjax.router.voters.VoterSpec fields
+    # Voter servers the run starts itself on 127.0.0.1: "rule" (reads the profile cards), "tiny"
+    # (a served tiny random checkpoint), "policy" (serves model.hf_dir as it is on disk).
+    c.router.local_voters = ()
+    c.router.local_timeout_s = 30.0
+
+
+def _smoke_harness_s(c):
+    """Harness-S end to end on a CPU: rescue, re-anchoring every 2 steps, two local voters."""
+    _smoke(c)
+    _harness_s(c)
+    c.router.reanchor_every = 2
+    c.router.local_voters = ("rule", "tiny")
 
 
 def _smoke(c):
@@ -241,6 +253,7 @@ VARIANTS = {
     "hint": _hint,
     "harness_s": _harness_s,
     "smoke": _smoke,
+    "smoke_harness_s": _smoke_harness_s,
 }
 
 

@@ -10,19 +10,19 @@ optimizer and state, checkpoint, update step, loop. Per step:
 Everything random is a function of (config.seed, step), and the data position and rescuer state
 are checkpointed, so a run resumed from its latest checkpoint continues exactly.
 """
+import contextlib
 import json
 import logging
 import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import tqdm
 
 from hsjax import batch as batch_lib
 from hsjax import checkpoint as ckpt_lib
-from hsjax import grpo, metrics as metrics_lib, optim, rescue as rescue_lib, rollout, sharding
+from hsjax import grpo, metrics as metrics_lib, optim, rollout, sharding
 from hsjax import workload
 from hsjax.losses import LossConfig
 from hsjax.policy import SamplingParams
@@ -228,7 +228,8 @@ def main(config, workdir: str) -> dict:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     state = jax.tree.map(lambda x: x if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
                          else jax.device_put(x, replicated), state)
-    rescuer = workload.make_rescuer(config, bench)
+    local_voters = workload.start_local_voters(config, workdir)
+    rescuer = workload.make_rescuer(config, bench, extra_voters=local_voters.specs)
     data = workload.TaskStream(bench.train_tasks, seed=config.seed)
 
     # ----------------------------------------------------------------------------------------------
@@ -263,55 +264,53 @@ def main(config, workdir: str) -> dict:
     previous = metrics_lib.read_metrics(workdir)
     if previous:
         totals = {k: previous[-1].get(k, 0) for k in totals}
-    last = {}
     progress = tqdm.trange(start_step, config.total_steps, initial=start_step, total=config.total_steps,
                            desc="train", disable=not config.log.progress)
-    for step in progress:
-        policy.update_params(state.params)
-        t0 = time.perf_counter()
-        tasks, groups, dapo_stats = draw_groups(data, step, policy, bench, config, harness_ids)
-        rescued, outcomes = rescue_failed_groups(step, tasks, groups, rescuer, policy, bench, config,
-                                                 harness_ids)
-        rescuer.observe(step, outcomes)
-        t_rollout = time.perf_counter() - t0
+    # The voter servers, metric writer and checkpointer are closed however the loop ends.
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(local_voters.close)
+        cleanup.callback(writer.close)
+        cleanup.callback(checkpointer.close)
+        cleanup.callback(checkpointer.wait_until_finished)
+        last = {}
+        for step in progress:
+            policy.update_params(state.params)
+            t0 = time.perf_counter()
+            tasks, groups, dapo_stats = draw_groups(data, step, policy, bench, config, harness_ids)
+            rescued, outcomes = rescue_failed_groups(step, tasks, groups, rescuer, policy, bench, config,
+                                                     harness_ids)
+            rescuer.observe(step, outcomes)
+            t_rollout = time.perf_counter() - t0
 
-        t0 = time.perf_counter()
-        packed = batch_lib.pack(
-            to_group_rollouts(groups, rescued, harness_ids["base"], bench, config),
-            G=config.rollout.groups, n=config.rollout.n, R=S - config.rollout.n,
-            T_buckets=list(config.batch.T_buckets), pad_id=bench.pad_id,
-            rescue_context=config.loss.rescue_context, overlong=config.batch.overlong)
-        state, update_metrics = update(state, place(packed))
-        metrics = step_metrics(groups, rescued, outcomes, update_metrics, harness_names)
-        t_update = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            packed = batch_lib.pack(
+                to_group_rollouts(groups, rescued, harness_ids["base"], bench, config),
+                G=config.rollout.groups, n=config.rollout.n, R=S - config.rollout.n,
+                T_buckets=list(config.batch.T_buckets), pad_id=bench.pad_id,
+                rescue_context=config.loss.rescue_context, overlong=config.batch.overlong)
+            state, update_metrics = update(state, place(packed))
+            metrics = step_metrics(groups, rescued, outcomes, update_metrics, harness_names)
+            t_update = time.perf_counter() - t0
 
-        totals["rollouts/total"] += metrics["rollouts/base"] + metrics["rollouts/rescue"]
-        totals["rollouts/rescue_total"] += metrics["rollouts/rescue"]
-        metrics.update(totals)
-        metrics.update(dapo_stats)
-        metrics.update({"time/rollout": t_rollout, "time/update": t_update,
-                        "tokens/per_s": metrics["tokens/generated"] / max(t_rollout, 1e-9)})
-        done = step + 1
-        if config.eval.every and (done % config.eval.every == 0 or done == config.total_steps):
-            metrics.update(evaluate(done, policy_with(policy, state), bench, config, workdir))
-        if config.log.episodes_every and done % config.log.episodes_every == 0:
-            metrics_lib.write_episodes(workdir, done, [workload.episode_record(t) for trajs in groups
-                                                       for t in trajs]
-                                       + [workload.episode_record(t) for pairs in rescued for t, _ in pairs])
-        if hasattr(rescuer, "drain_log"):
-            workload.append_jsonl(decisions_path, rescuer.drain_log())
-            metrics.update(rescuer.metrics())
-        last = writer.write(done, metrics)
-        progress.set_postfix(reward=f"{metrics['reward/mean']:.2f}",
-                             tok_s=f"{metrics['tokens/per_s']:.0f}")
-        if done % config.checkpoint.every == 0 or done == config.total_steps:
-            checkpointer.save(done, state, {"data": data.state_dict(), "rescuer": rescuer.state_dict()})
-    checkpointer.wait_until_finished()
-    checkpointer.close()
-    writer.close()
+            totals["rollouts/total"] += metrics["rollouts/base"] + metrics["rollouts/rescue"]
+            totals["rollouts/rescue_total"] += metrics["rollouts/rescue"]
+            metrics.update(totals)
+            metrics.update(dapo_stats)
+            metrics.update({"time/rollout": t_rollout, "time/update": t_update,
+                            "tokens/per_s": metrics["tokens/generated"] / max(t_rollout, 1e-9)})
+            done = step + 1
+            if config.eval.every and (done % config.eval.every == 0 or done == config.total_steps):
+                policy.update_params(state.params)
+                metrics.update(evaluate(done, policy, bench, config, workdir))
+            if config.log.episodes_every and done % config.log.episodes_every == 0:
+                trajs = [t for ts in groups for t in ts] + [t for pairs in rescued for t, _ in pairs]
+                metrics_lib.write_episodes(workdir, done, [workload.episode_record(t) for t in trajs])
+            if hasattr(rescuer, "drain_log"):
+                workload.append_jsonl(decisions_path, rescuer.drain_log())
+                metrics.update(rescuer.metrics())
+            last = writer.write(done, metrics)
+            progress.set_postfix(reward=f"{metrics['reward/mean']:.2f}",
+                                 tok_s=f"{metrics['tokens/per_s']:.0f}")
+            if done % config.checkpoint.every == 0 or done == config.total_steps:
+                checkpointer.save(done, state, {"data": data.state_dict(), "rescuer": rescuer.state_dict()})
     return last
-
-
-def policy_with(policy, state):
-    policy.update_params(state.params)
-    return policy

@@ -5,9 +5,6 @@ scripts build exactly the same objects from the same config.
 """
 import dataclasses
 import json
-import logging
-import os
-import zlib
 from typing import Any, Callable
 
 import jax
@@ -159,16 +156,34 @@ def make_policy(config, cfg, params, tokenizer):
     return JaxPolicy(cfg, params, tokenizer, seed=config.seed)
 
 
-def make_rescuer(config, workload: Workload) -> rescue_lib.Rescuer:
+def make_rescuer(config, workload: Workload, extra_voters=()) -> rescue_lib.Rescuer:
     kind = config.rescue.kind
     if kind == "harness_s":
         from hsjax.router.router import build_rescuer
 
-        return build_rescuer(config, workload.siblings)
+        return build_rescuer(config, workload.siblings, extra_voters=extra_voters)
     if kind == "hint":
         return rescue_lib.FixedSiblings(workload.siblings)
     return rescue_lib.make_rescuer(kind, workload.siblings, config.rescue.k, seed=config.seed,
                                    names=list(config.rescue.siblings))
+
+
+class _NoVoters:
+    specs: list = []
+
+    def close(self) -> None:
+        pass
+
+
+def start_local_voters(config, workdir: str):
+    """Starts the voter servers a Harness-S run asks for (`config.router.local_voters`)."""
+    kinds = config.get("router", {}).get("local_voters", ()) if config.rescue.kind == "harness_s" else ()
+    if not kinds:
+        return _NoVoters()
+    from hsjax.router.local_voters import start_local_voters as start
+
+    return start(kinds, workdir=workdir, policy_hf_dir=config.model.hf_dir or None, seed=config.seed,
+                 timeout_s=config.router.get("local_timeout_s", 30.0))
 
 
 def episode_record(traj) -> dict:

@@ -461,7 +461,7 @@ class HarnessSRescuer(Rescuer):
         self.router.load_state_dict(state["router"])
 
 
-def build_rescuer(config, pool: Sequence[Any]) -> HarnessSRescuer:
+def build_rescuer(config, pool: Sequence[Any], extra_voters: Sequence[dict] = ()) -> HarnessSRescuer:
     """The `harness_s` rescuer from a run config: `config.rescue.k` and the optional `config.router`
     block (every key optional: aggregation, profile_weight, explore, decay, reanchor_every, online,
     deadline_s, prior, backoff, voter_prior, voters = list of VoterSpec field dicts)."""
@@ -476,6 +476,9 @@ def build_rescuer(config, pool: Sequence[Any]) -> HarnessSRescuer:
             raise ValueError(f"config.router.voters[{i}] has unknown keys {sorted(unknown)}; VoterSpec takes "
                              f"{[f.name for f in dataclasses.fields(VoterSpec)]}")
         voters.append(VoterSpec(**v))
+    # Voters started by the run itself (local servers): their URLs change between runs, so they
+    # never enter the config; the router's records of them are keyed by their stable names.
+    voters.extend(VoterSpec(**dict(v)) for v in extra_voters)
     router = Router([s.name for s in pool], profiles, voters, k=config.rescue.k,
                     aggregation=get("aggregation", "borda"), profile_weight=get("profile_weight", 0.5),
                     explore=get("explore", 0.2), voter_prior=tuple(get("voter_prior", (1.0, 1.0))),
