@@ -95,7 +95,8 @@ class Workload:
         return dataclasses.replace(traj, segments=[rerendered])
 
 
-def _dbbench(config) -> Workload:
+def _db_protocol(config, load_split) -> Workload:
+    """A workload on the DBBench protocol (episodes, harnesses, evaluator) over `load_split` tasks."""
     from hsjax.evaluate import build_backend, resolve_path
 
     backend = build_backend(config.backend)
@@ -104,17 +105,16 @@ def _dbbench(config) -> Workload:
     if config.rescue.kind == "hint":
         # Guide-GRPO's rescuer: one hint-augmented copy of the base harness, not the pool.
         siblings = [pool["base"].with_knobs(name="hint", direction="hint", hint=config.rescue.hint)]
-    limit = config.data.get("limit", 0)
 
     def split(name, limit):
-        tasks = db_data.load_split(name)
+        tasks = load_split(name)
         return tasks[:limit] if limit else tasks
 
     def make_episode(task, spec, sample_index=0):
         return DBBenchEpisode(task, spec, backend, sample_index=sample_index)
 
     return Workload(
-        train_tasks=split(config.data.train_split, limit),
+        train_tasks=split(config.data.train_split, config.data.get("limit", 0)),
         eval_tasks=split(config.eval.split, config.eval.limit),
         base=pool["base"], siblings=siblings, make_episode=make_episode,
         summarize=db_evaluator.summarize,
@@ -122,7 +122,18 @@ def _dbbench(config) -> Workload:
             spec, task.question, task.add_description))
 
 
-WORKLOADS = {"dbbench": _dbbench}
+def _dbbench(config) -> Workload:
+    return _db_protocol(config, db_data.load_split)
+
+
+def _synth(config) -> Workload:
+    """The testbed's generated tasks (`harness_envs/synth`), same protocol and evaluator."""
+    from harness_envs.synth import tasks as synth_tasks
+
+    return _db_protocol(config, synth_tasks.load_split)
+
+
+WORKLOADS = {"dbbench": _dbbench, "synth": _synth}
 
 
 def make_workload(config) -> Workload:

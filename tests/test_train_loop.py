@@ -133,3 +133,14 @@ def test_task_stream_is_a_reproducible_permutation_per_epoch():
     assert resumed.next(3) == second
     with pytest.raises(ValueError, match="no tasks"):
         workload.TaskStream([], seed=0)
+
+
+def test_synth_workload_runs_the_testbed_tasks_on_the_dbbench_protocol():
+    c = config("policy_only", **{"benchmark": "synth", "data.train_split": "synth_train",
+                                 "eval.split": "synth_heldout", "data.limit": 6, "eval.limit": 4})
+    bench = workload.make_workload(c)
+    assert len(bench.train_tasks) == 6 and len(bench.eval_tasks) == 4
+    assert {t.task_id for t in bench.train_tasks}.isdisjoint(t.task_id for t in bench.eval_tasks)
+    sampling = train.sampling_from_config(c.rollout, 0)
+    trajs = collect([bench.make_episode(t, bench.base) for t in bench.train_tasks], OracleAgent(), sampling)
+    assert all(t.result["success"] for t in trajs)
