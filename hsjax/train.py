@@ -10,6 +10,7 @@ optimizer and state, checkpoint, update step, loop. Per step:
 Everything random is a function of (config.seed, step), and the data position and rescuer state
 are checkpointed, so a run resumed from its latest checkpoint continues exactly.
 """
+import collections
 import contextlib
 import json
 import logging
@@ -28,10 +29,9 @@ from hsjax.losses import LossConfig
 from hsjax.policy import SamplingParams
 
 
-def sampling_from_config(config, seed: int, max_new_tokens: int | None = None) -> SamplingParams:
+def sampling_from_config(config, seed: int) -> SamplingParams:
     return SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                          greedy=config.greedy,
-                          max_new_tokens=max_new_tokens or config.max_new_tokens, seed=seed)
+                          greedy=config.greedy, max_new_tokens=config.max_new_tokens, seed=seed)
 
 
 def phase_seed(seed: int, step: int, phase: int) -> int:
@@ -48,11 +48,15 @@ def loss_config(config) -> LossConfig:
                       rescue_baseline=config.loss.rescue_baseline)
 
 
+def run_episodes(episodes, policy, sampling, config):
+    return rollout.collect(episodes, policy, sampling, max_context_tokens=config.rollout.max_context_tokens,
+                           env_workers=config.rollout.env_workers)
+
+
 def rollout_groups(tasks, spec, n, policy, sampling, bench, config, harness_id):
     """Rolls n episodes of each task under one harness; returns a list of trajectory lists."""
     episodes = [bench.make_episode(task, spec, sample_index=i) for task in tasks for i in range(n)]
-    trajs = rollout.collect(episodes, policy, sampling, max_context_tokens=config.rollout.max_context_tokens,
-                            env_workers=config.rollout.env_workers)
+    trajs = run_episodes(episodes, policy, sampling, config)
     for traj in trajs:
         traj.result["harness_id"] = harness_id
     return [trajs[i * n:(i + 1) * n] for i in range(len(tasks))]
@@ -122,20 +126,24 @@ def rescue_failed_groups(step, tasks, groups, rescuer, policy, bench, config, ha
     episodes = [bench.make_episode(tasks[g], spec, sample_index=i) for g, spec in plan for i in range(m)]
     sampling = sampling_from_config(config.rollout, phase_seed(config.seed, step, 1000))
     reseed(policy, sampling.seed)
-    trajs = rollout.collect(episodes, policy, sampling, max_context_tokens=config.rollout.max_context_tokens,
-                            env_workers=config.rollout.env_workers)
+    trajs = run_episodes(episodes, policy, sampling, config)
     for j, traj in enumerate(trajs):
         g, spec = plan[j // m]
         traj.result["harness_id"] = harness_ids[spec.name]
         rescued[g].append((traj, harness_ids[spec.name]))
-        base_modes = [t.result.get("failure_mode") for t in groups[g]]
         outcomes.append({
             "harness": spec.name, "task_type": tasks[g].type, "task_id": tasks[g].task_id,
-            "base_failure_mode": max(set(base_modes), key=base_modes.count),
+            "base_failure_mode": dominant_failure_mode(groups[g]),
             "success": is_success(traj, threshold), "num_turns": traj.result.get("num_turns", 0),
             "num_tokens": traj.num_generated_tokens,
         })
     return rescued, outcomes
+
+
+def dominant_failure_mode(trajs) -> str:
+    """The group's most common failure mode; ties go to the first name, so reruns agree."""
+    counts = collections.Counter(str(t.result.get("failure_mode")) for t in trajs)
+    return min(counts, key=lambda mode: (-counts[mode], mode))
 
 
 def to_group_rollouts(groups, rescued, base_id, bench, config):
@@ -155,9 +163,7 @@ def evaluate(step, policy, bench, config, workdir):
     tasks = bench.eval_tasks
     sampling = sampling_from_config(config.eval, phase_seed(config.seed, step, 2000))
     reseed(policy, sampling.seed)
-    episodes = [bench.make_episode(task, bench.base) for task in tasks]
-    trajs = rollout.collect(episodes, policy, sampling, max_context_tokens=config.rollout.max_context_tokens,
-                            env_workers=config.rollout.env_workers)
+    trajs = run_episodes([bench.make_episode(task, bench.base) for task in tasks], policy, sampling, config)
     records = [workload.episode_record(t) for t in trajs]
     summary = bench.summarize(records)
     os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)

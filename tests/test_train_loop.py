@@ -144,3 +144,12 @@ def test_synth_workload_runs_the_testbed_tasks_on_the_dbbench_protocol():
     sampling = train.sampling_from_config(c.rollout, 0)
     trajs = collect([bench.make_episode(t, bench.base) for t in bench.train_tasks], OracleAgent(), sampling)
     assert all(t.result["success"] for t in trajs)
+
+
+def test_dominant_failure_mode_breaks_ties_by_name():
+    class T:
+        def __init__(self, mode):
+            self.result = {"failure_mode": mode}
+
+    assert train.dominant_failure_mode([T("wrong_answer"), T("malformed_action")]) == "malformed_action"
+    assert train.dominant_failure_mode([T("turn_limit"), T("wrong_answer"), T("wrong_answer")]) == "wrong_answer"
