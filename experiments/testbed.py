@@ -129,9 +129,89 @@ VARIANTS = {
 }
 
 
+# ------------------------------------------------------------------------------------------------
+# Training arms (config.mode = 'train'): GRPO from the SFT warm start on the synthetic tasks, held-out
+# success measured under the base harness. One command per arm, e.g.
+#
+#     python run.py --config experiments/testbed.py:harness_s --config.model.hf_dir=W_sft/hf --workdir W
+#
+# They reuse the training blocks of experiments/dbbench.py; `model.hf_dir` must name the warm start.
+
+
+def _train_base(arm: str) -> ml_collections.ConfigDict:
+    import importlib.util
+    import pathlib
+
+    # Loaded by path: run.py loads config files by path, so `experiments` need not be a package.
+    spec = importlib.util.spec_from_file_location(
+        "hsjax_experiments_dbbench", pathlib.Path(__file__).with_name("dbbench.py"))
+    dbbench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dbbench)
+    c = dbbench.get_config(arm)
+    c.name = "testbed"
+    c.benchmark = "synth"
+    c.data.train_split = "synth_train"
+    c.data.limit = 0
+    c.eval.split = "synth_heldout"
+    c.eval.limit = 100
+    c.eval.every = 20
+    c.eval.max_new_tokens = 96
+    c.total_steps = 60
+    c.rollout.groups = 8
+    c.rollout.n = 4
+    c.rollout.max_new_tokens = 96
+    c.rollout.max_context_tokens = 2048
+    c.rescue.k = 2
+    c.rescue.m = 2
+    c.optim.learning_rate = 1e-4
+    c.optim.warmup_steps = 5
+    c.batch.T_buckets = (1024, 2048)
+    c.checkpoint.every = 20
+    return c
+
+
+def _harness_s_arm(k=2, voters=("rule", "policy"), reanchor_every=10):
+    def arm(_):
+        c = _train_base("harness_s")
+        c.rescue.k = k
+        c.router.local_voters = voters
+        c.router.reanchor_every = reanchor_every
+        return c
+    return arm
+
+
+def _random_arm(_):
+    c = _train_base("train")
+    c.rescue.kind = "random"
+    return c
+
+
+TRAIN_ARMS = {
+    "policy_only": lambda _: _train_base("policy_only"),
+    "dapo": lambda _: _train_base("dapo"),
+    "hint": lambda _: _train_base("hint"),
+    "harness_s": _harness_s_arm(),
+    "harness_s_k1": _harness_s_arm(k=1),
+    "harness_s_k3": _harness_s_arm(k=3),
+    "harness_s_profiles_only": _harness_s_arm(voters=()),
+    "harness_s_no_reanchor": _harness_s_arm(reanchor_every=0),
+    "random_routing": _random_arm,
+}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variants = [a.strip() for a in (arg or "").split(",") if a.strip()]
+    arms = [v for v in variants if v in TRAIN_ARMS]
+    if len(arms) > 1:
+        raise ValueError(f"name one training arm, got {arms}")
+    if arms:
+        c = TRAIN_ARMS[arms[0]](None)
+        for variant in variants:
+            if variant not in TRAIN_ARMS:
+                raise ValueError(f"{variant!r} does not combine with the training arm {arms[0]!r}")
+        return c
     c = base_config()
-    for variant in [a.strip() for a in (arg or "").split(",") if a.strip()]:
+    for variant in variants:
         if variant not in VARIANTS:
             raise ValueError(f"unknown experiments/testbed.py variant {variant!r}; known: {sorted(VARIANTS)}")
         VARIANTS[variant](c)
