@@ -19,6 +19,21 @@ Eval (writes W/eval/<name>.json and prints accuracy per type, category and overa
     python run.py --config experiments/dbbench.py:eval --config.policy.kind=jax \
         --config.policy.checkpoint=/path/to/hf_dir --workdir /tmp/hsjax/eval_jax
 
+Demo (README's main job): a scripted agent that slips, on dev, under the base harness and each of
+the six starter siblings (overall_cat 40.0 under base, 41.7-53.3 under the siblings; < 2 s):
+
+    python run.py --config experiments/dbbench.py:demo --workdir /tmp/hsjax/demo
+
+Training (`hsjax/train.py`, docs/training.md). Arms: `policy_only`, `dapo`, `hint`, `harness_s`;
+`smoke` shrinks any of them to 4 CPU steps of a tiny random policy; `smoke_harness_s` adds two
+local voters and re-anchoring every 2 steps:
+
+    python run.py --config experiments/dbbench.py:smoke --workdir /tmp/hsjax/smoke
+    python run.py --config experiments/dbbench.py:smoke_harness_s --workdir /tmp/hsjax/smoke_hs
+    python run.py --config experiments/dbbench.py:harness_s --config.model.hf_dir=/path/to/hf \
+        --config.model.dtype=bfloat16 --config.total_steps=200 --workdir /tmp/hsjax/hs
+    # rerunning a command in the same workdir resumes from its latest checkpoint
+
 Results seen (oracle, base harness, 2-core CPU): SQLite, dev 60/60 (0.2 s of episodes, 0.5 s for the
 whole command); `standard` SELECT 100/100, INSERT 100/100, UPDATE 99/100 (0.4 s). MariaDB, `standard`:
 the same figures. The miss is standard-0225, whose stored hash matches no replay.
