@@ -152,7 +152,9 @@ def _train_base(arm: str) -> ml_collections.ConfigDict:
     c.benchmark = "synth"
     c.data.train_split = "synth_train"
     c.data.limit = 0
+    c.data.task_seed = 0  # the SFT warm start's tasks (base_config's data.task_seed)
     c.eval.split = "synth_heldout"
+    c.eval.task_seed = 1  # with eval.split=synth_train: unseen tasks of the training domains
     c.eval.limit = 100
     c.eval.every = 20
     c.eval.max_new_tokens = 96

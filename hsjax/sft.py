@@ -414,7 +414,10 @@ def main(config, workdir: str) -> dict:
 
 
 def _names(value, pool) -> list[str]:
-    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]
+    # A command-line override of a tuple field arrives as a one-item tuple holding "a,b,c".
+    from hsjax.evaluate import harness_names
+
+    names = harness_names(value)
     if names == ["all"]:
         return list(pool)
     missing = [n for n in names if n not in pool]

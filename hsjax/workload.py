@@ -95,7 +95,7 @@ class Workload:
         return dataclasses.replace(traj, segments=[rerendered])
 
 
-def _db_protocol(config, load_split) -> Workload:
+def _db_protocol(config, load_split, eval_load_split=None) -> Workload:
     """A workload on the DBBench protocol (episodes, harnesses, evaluator) over `load_split` tasks."""
     from hsjax.evaluate import build_backend, resolve_path
 
@@ -106,8 +106,8 @@ def _db_protocol(config, load_split) -> Workload:
         # Guide-GRPO's rescuer: one hint-augmented copy of the base harness, not the pool.
         siblings = [pool["base"].with_knobs(name="hint", direction="hint", hint=config.rescue.hint)]
 
-    def split(name, limit):
-        tasks = load_split(name)
+    def split(name, limit, load=load_split):
+        tasks = load(name)
         return tasks[:limit] if limit else tasks
 
     def make_episode(task, spec, sample_index=0):
@@ -115,7 +115,7 @@ def _db_protocol(config, load_split) -> Workload:
 
     return Workload(
         train_tasks=split(config.data.train_split, config.data.get("limit", 0)),
-        eval_tasks=split(config.eval.split, config.eval.limit),
+        eval_tasks=split(config.eval.split, config.eval.limit, eval_load_split or load_split),
         base=pool["base"], siblings=siblings, make_episode=make_episode,
         summarize=db_evaluator.summarize,
         initial_messages=lambda task, spec: db_harness.initial_messages(
@@ -130,7 +130,11 @@ def _synth(config) -> Workload:
     """The testbed's generated tasks (`harness_envs/synth`), same protocol and evaluator."""
     from harness_envs.synth import tasks as synth_tasks
 
-    return _db_protocol(config, synth_tasks.load_split)
+    # Task seeds pick which tasks of a split (its domains and wordings are fixed): evaluating with
+    # another seed than training gives unseen tasks of the training domains.
+    train_seed, eval_seed = config.data.get("task_seed", 0), config.eval.get("task_seed", 0)
+    return _db_protocol(config, lambda name: synth_tasks.load_split(name, seed=train_seed),
+                        lambda name: synth_tasks.load_split(name, seed=eval_seed))
 
 
 WORKLOADS = {"dbbench": _dbbench, "synth": _synth}
