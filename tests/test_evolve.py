@@ -12,7 +12,6 @@ import pytest
 
 from harness_envs import harness as hz
 from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
-from harness_envs.dbbench.backends import make_backend
 from harness_envs.dbbench.data import is_modification, load_split
 from hsjax import evolve
 from hsjax.policy import HttpChatPolicy, SamplingParams
@@ -33,11 +32,9 @@ REPAIRS = {
 }
 
 
-@pytest.fixture(scope="module")
-def backend():
-    b = make_backend("sqlite")
-    yield b
-    b.close()
+@pytest.fixture
+def backend(sqlite_backend):
+    return sqlite_backend
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import pytest
 
 from harness_envs import harness as hz
 from harness_envs.dbbench.agents import NoisyAgent
-from harness_envs.dbbench.backends import make_backend
 from harness_envs.dbbench.data import load_split
 from hsjax import evolve, rank1
 from hsjax.policy import SamplingParams
@@ -19,11 +18,9 @@ evolve_exp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(evolve_exp)
 
 
-@pytest.fixture(scope="module")
-def backend():
-    b = make_backend("sqlite")
-    yield b
-    b.close()
+@pytest.fixture
+def backend(sqlite_backend):
+    return sqlite_backend
 
 
 def _runner(noise, backend, seed=0):

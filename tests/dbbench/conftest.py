@@ -30,13 +30,6 @@ def mariadb_backend():
     backend.close()
 
 
-@pytest.fixture(scope="session")
-def sqlite_backend():
-    backend = make_backend("sqlite")
-    yield backend
-    backend.close()
-
-
 @pytest.fixture(params=["sqlite", "mariadb"])
 def backend(request):
     """Each test using this runs on both backends."""

@@ -7,7 +7,6 @@ import pytest
 
 from harness_envs import harness as hz
 from harness_envs.dbbench import agents
-from harness_envs.dbbench.backends import make_backend
 from harness_envs.dbbench.data import is_modification, load_split
 from harness_envs.dbbench.env import DBBenchEpisode
 from hsjax.policy import ChatPolicy, SamplingParams
@@ -17,11 +16,9 @@ POOL = hz.load_pool(pathlib.Path(__file__).resolve().parents[2] / "harness_envs"
 SAMPLING = SamplingParams()
 
 
-@pytest.fixture(scope="module")
-def backend():
-    b = make_backend("sqlite")
-    yield b
-    b.close()
+@pytest.fixture
+def backend(sqlite_backend):
+    return sqlite_backend
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from harness_envs import harness as hz
 from harness_envs.base import RESULT_KEYS, Episode, TurnRecord, check_result
 from harness_envs.dbbench import harness as dbh
 from harness_envs.dbbench import taxonomy
-from harness_envs.dbbench.backends import hash_rows, make_backend
+from harness_envs.dbbench.backends import hash_rows
 from harness_envs.dbbench.data import DBTask, Table
 from harness_envs.dbbench.env import DBBenchEpisode
 
@@ -33,11 +33,9 @@ def ans(items):
     return "Action: Answer\nFinal Answer: " + json.dumps(items)
 
 
-@pytest.fixture(scope="module")
-def backend():
-    b = make_backend("sqlite")
-    yield b
-    b.close()
+@pytest.fixture
+def backend(sqlite_backend):
+    return sqlite_backend
 
 
 def run(task, replies, backend, **knobs):
