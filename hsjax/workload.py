@@ -184,7 +184,7 @@ def make_rescuer(config, workload: Workload, extra_voters=()) -> rescue_lib.Resc
 
 
 class _NoVoters:
-    specs: list = []
+    specs = ()
 
     def close(self) -> None:
         pass
