@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -120,16 +119,34 @@ def regime_plan(config) -> dict[str, tuple[str, str]]:
     return plan
 
 
+# Styles whose trajectory under the base harness is a demonstration of failing (and is imitated as
+# such for a share `regime.b_base_share` of the families-B tasks), so the warm policy fails there
+# for lack of what the sibling supplies, not for lack of data.
+GIVES_UP_UNDER_BASE = ("schema_recovery",)
+
+
+def episode_harness(task, plan, config) -> str:
+    """The harness a task's expert episode runs under: the plan's, except that a stable
+    `regime.b_base_share` of the tasks of a style in GIVES_UP_UNDER_BASE run under the base harness."""
+    style, harness = plan[task.type]
+    if style in GIVES_UP_UNDER_BASE and (task.index * 0.6180339887) % 1.0 < config.regime.get("b_base_share", 0.0):
+        return "base"
+    return harness
+
+
 def expert_streams(tasks, plan, pool, tokenizer, config, backend):
     """Rolls out the expert on `tasks` (types outside `plan` skipped); returns (segments, records)."""
     styles = {t: style for t, (style, _) in plan.items()}
     expert = RecordingChatPolicy(expert_lib.ScriptedExpert(styles, slip_variant=config.regime.slip_variant))
-    episodes = [DBBenchEpisode(task, pool[plan[task.type][1]], backend) for task in tasks if task.type in plan]
+    episodes = [DBBenchEpisode(task, pool[episode_harness(task, plan, config)], backend)
+                for task in tasks if task.type in plan]
     trajs = rollout.collect(episodes, expert, SamplingParams(), env_workers=config.sft.env_workers)
     eos_id = end_of_turn_id(tokenizer)
     segments, records = [], []
     for ep, traj in zip(episodes, trajs):
-        if not traj.result["success"]:
+        if ep.spec.name == "base" and styles[ep.info["type"]] in GIVES_UP_UNDER_BASE:
+            pass  # the demonstrated failure the regime wants: no recovery without the sibling's help
+        elif not traj.result["success"]:
             raise RuntimeError(f"the expert failed {ep.info['task_id']} under {ep.spec.name} "
                                f"({traj.result['failure_mode']}); the regime pairs each style with the "
                                "harness that accepts it, so this is a bug in the expert or the tasks")

@@ -112,7 +112,26 @@ def test_regime_plan_rejects_overlap():
     c.regime.families_b = ("other",)
     with pytest.raises(ValueError, match="both"):
         sft.regime_plan(c)
-    assert sft.regime_plan(testbed.get_config("sft"))["UPDATE"] == ("format_slip", "lenient_parse")
+    assert sft.regime_plan(testbed.get_config("sft"))["UPDATE"] == ("schema_recovery", "schema_reminder")
+    assert sft.regime_plan(testbed.get_config("sft,format_slip"))["UPDATE"] == ("format_slip", "lenient_parse")
+
+
+def test_schema_recovery_regime_demonstrates_giving_up_under_base(tokenizer):
+    """Families B run under schema_reminder (recovering) and, for a stable share, under the base
+    harness (the expert gives up after the bare error); both kinds become streams."""
+    c = testbed.get_config("sft")
+    tasks = [t for t in make_tasks("synth_train", 200, seed=0) if t.type in c.regime.families_b][:40]
+    plan = sft.regime_plan(c)
+    harnesses = [sft.episode_harness(t, plan, c) for t in tasks]
+    assert harnesses == [sft.episode_harness(t, plan, c) for t in tasks]  # stable
+    share = harnesses.count("base") / len(harnesses)
+    assert 0.3 < share < 0.7 and set(harnesses) == {"base", "schema_reminder"}
+    pool = hz.load_pool(os.path.join(os.path.dirname(__file__), "..", c.pool))
+    segments, records = sft.expert_streams(tasks, plan, pool, tokenizer, c, SQLiteBackend())
+    assert [r["harness"] for r in records] == harnesses and len(segments) == len(tasks)
+    with c.unlocked():
+        c.regime.b_base_share = 0.0
+    assert {sft.episode_harness(t, plan, c) for t in tasks} == {"schema_reminder"}
 
 
 def test_short_run_lowers_loss_and_saves_a_loadable_model(tmp_path, tokenizer):

@@ -14,22 +14,30 @@ the expert acts (docs/testbed.md, "The warm-start regime"):
                       the base parser rejects and `lenient_parse` accepts
     premature_answer  first answers a wrong guess without querying (fails under the base harness);
                       `verify_answer` asks it to check, and then it solves the task
+    schema_recovery   first runs the gold statement with one column misnamed (`stock` -> `stock_value`);
+                      after the bare error it gives up with a wrong answer, after an error that ends
+                      with the schema (`schema_reminder`) it runs the gold statement and solves the
+                      task. Unlike the two styles above, the successful trajectory is valid under
+                      the base harness move for move: only the observation of the error differs.
 """
 from __future__ import annotations
 
 import ast
 import collections
 import json
+import re
 from typing import Generator
 
 from harness_envs.dbbench.agents import Formatter, count_sql, wrong_items
 from harness_envs.dbbench.data import DBTask, is_modification
+from harness_envs.dbbench.harness import SCHEMA_REMINDER_LEAD
 from harness_envs.harness import TRUNCATION_MARK
 
-STYLES = ("protocol", "format_slip", "premature_answer")
+STYLES = ("protocol", "format_slip", "premature_answer", "schema_recovery")
 FORMAT_SLIP_VARIANTS = ("upper_fence", "no_action_line", "inline_fence")
 # The sibling of the starter pool under which each style succeeds.
-RESCUER = {"protocol": "base", "format_slip": "lenient_parse", "premature_answer": "verify_answer"}
+RESCUER = {"protocol": "base", "format_slip": "lenient_parse", "premature_answer": "verify_answer",
+           "schema_recovery": "schema_reminder"}
 MODIFICATION_ANSWER = ["done"]
 _MAX_TRACKED_EPISODES = 50_000
 
@@ -44,6 +52,18 @@ def gold_sql(task: DBTask) -> str:
         raise ValueError(f"task {task.task_id} has no gold SQL; the expert runs synthetic tasks "
                          "(harness_envs.synth.tasks) or DBBench INSERT/UPDATE tasks")
     return sql.strip()
+
+
+def misnamed_sql(task: DBTask) -> str:
+    """The gold statement with the first column it names replaced by a made-up `<column>_value`,
+    which every engine rejects as an unknown column."""
+    sql = gold_sql(task)
+    hits = [(m.start(), m.end(), col) for col in task.table.columns
+            for m in [re.search(rf"(?<![\w`']){re.escape(col)}(?![\w`'])", sql)] if m]
+    if not hits:
+        raise ValueError(f"{task.task_id}: the gold statement names no column of {task.table.name}: {sql}")
+    start, end, col = min(hits)
+    return sql[:start] + f"{col}_value" + sql[end:]
 
 
 def observed_items(observation: str) -> list[str] | None:
@@ -72,6 +92,10 @@ def expert_plan(task: DBTask, style: str = "protocol", slip_variant: str = "uppe
     sql = gold_sql(task)
     if style == "premature_answer":
         yield fmt.answer(MODIFICATION_ANSWER if modification else wrong_items(task))
+    if style == "schema_recovery":
+        obs = yield fmt.operation(misnamed_sql(task))
+        while SCHEMA_REMINDER_LEAD not in obs:  # a bare error: give up (and keep giving up if asked)
+            obs = yield fmt.answer(wrong_items(task))
     obs = yield fmt.operation(sql)
     check = count_sql(task) if modification else sql  # never re-run a modification
     while True:

@@ -35,9 +35,10 @@ def test_protocol_expert_succeeds_under_every_harness(sample, harness):
         assert all(len(turn["text"]) < 200 for turn in traj.turns)
 
 
-@pytest.mark.parametrize("style", ["format_slip", "premature_answer"])
+@pytest.mark.parametrize("style", ["format_slip", "premature_answer", "schema_recovery"])
 def test_styles_fail_under_base_and_succeed_only_under_their_rescuer(sample, style):
-    expected_mode = {"format_slip": "malformed_action", "premature_answer": "answered_without_querying"}[style]
+    expected_mode = {"format_slip": "malformed_action", "premature_answer": "answered_without_querying",
+                     "schema_recovery": "sql_error_loop"}[style]
     for name, spec in POOL.items():
         trajs = _run(sample, spec, ex.ScriptedExpert(default_style=style))
         success = [t.result["success"] for t in trajs]
@@ -67,3 +68,27 @@ def test_bad_arguments_are_named():
         ex.ScriptedExpert({"UPDATE": "sloppy"})
     with pytest.raises(ValueError, match="one info dict"):
         ex.ScriptedExpert().chat([[{"role": "user", "content": "q"}]], SamplingParams(), None)
+
+
+def test_schema_recovery_rescue_is_valid_under_base_move_for_move(sample):
+    """The rescued trajectory's moves replayed under the base harness succeed too: only the error's
+    observation differs (no schema reminder), so training on them can transfer to base."""
+    rescued = _run(sample, POOL["schema_reminder"], ex.ScriptedExpert(default_style="schema_recovery"))
+    for traj in rescued:
+        sqls = [turn["text"] for turn in traj.turns]
+        assert len(sqls) == 3 and "_value" in sqls[0] and "_value" not in sqls[1]
+    replies = {t.result["task_id"]: [turn["text"] for turn in t.turns] for t in rescued}
+
+    class Replay:
+        def chat(self, contexts, sampling=None, infos=None):
+            return [replies[info["task_id"]][sum(m["role"] == "assistant" for m in ctx) - 1]
+                    for ctx, info in zip(contexts, infos)]
+
+    replayed = _run(sample, hz.BASE, Replay())
+    assert all(t.result["success"] for t in replayed)
+    assert all(t.result["sql_errors"] == 1 for t in replayed)
+
+
+def test_misnamed_sql_names_a_missing_column():
+    task = make_tasks("synth_train", 10, seed=0)[0]
+    assert ex.misnamed_sql(task) == task.gold_sql.replace("stock", "stock_value", 1)
