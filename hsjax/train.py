@@ -159,19 +159,22 @@ def to_group_rollouts(groups, rescued, base_id, bench, config):
 
 
 def evaluate(step, policy, bench, config, workdir):
-    """Success of the current policy under the base harness on the held-out tasks."""
-    tasks = bench.eval_tasks
-    sampling = sampling_from_config(config.eval, phase_seed(config.seed, step, 2000))
-    reseed(policy, sampling.seed)
-    trajs = run_episodes([bench.make_episode(task, bench.base) for task in tasks], policy, sampling, config)
-    records = [workload.episode_record(t) for t in trajs]
-    summary = bench.summarize(records)
-    os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
-    with open(os.path.join(workdir, "eval", f"{config.eval.split}_step{step:06d}.json"), "w") as f:
-        json.dump({"step": step, "summary": summary, "episodes": records}, f, indent=1)
-    prefix = f"eval/{config.eval.split}/base"
-    return {f"{prefix}/success": float(np.mean([r["success"] for r in records])) if records else 0.0,
-            f"{prefix}/overall_cat_accuracy": summary.get("overall_cat_accuracy", 0.0)}
+    """Success of the current policy under the base harness on the held-out tasks (`eval.split`)
+    and on every set of `eval.extra_splits`; one `eval/<split>_step<N>.json` per set."""
+    out = {}
+    for split, tasks in [(config.eval.split, bench.eval_tasks), *bench.extra_eval_tasks.items()]:
+        sampling = sampling_from_config(config.eval, phase_seed(config.seed, step, 2000))
+        reseed(policy, sampling.seed)
+        trajs = run_episodes([bench.make_episode(task, bench.base) for task in tasks], policy, sampling, config)
+        records = [workload.episode_record(t) for t in trajs]
+        summary = bench.summarize(records)
+        os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
+        with open(os.path.join(workdir, "eval", f"{split}_step{step:06d}.json"), "w") as f:
+            json.dump({"step": step, "summary": summary, "episodes": records}, f, indent=1)
+        prefix = f"eval/{split}/base"
+        out[f"{prefix}/success"] = float(np.mean([r["success"] for r in records])) if records else 0.0
+        out[f"{prefix}/overall_cat_accuracy"] = summary.get("overall_cat_accuracy", 0.0)
+    return out
 
 
 def step_metrics(groups, rescued, outcomes, update_metrics, harness_names):
@@ -279,6 +282,9 @@ def main(config, workdir: str) -> dict:
         cleanup.callback(checkpointer.close)
         cleanup.callback(checkpointer.wait_until_finished)
         last = {}
+        if start_step == 0 and config.eval.get("at_start", False):
+            writer.truncate_after(-1)  # a restart before the first checkpoint evaluates again
+            last = writer.write(0, evaluate(0, policy, bench, config, workdir))
         for step in progress:
             policy.update_params(state.params)
             t0 = time.perf_counter()
@@ -306,8 +312,10 @@ def main(config, workdir: str) -> dict:
                             "tokens/per_s": metrics["tokens/generated"] / max(t_rollout, 1e-9)})
             done = step + 1
             if config.eval.every and (done % config.eval.every == 0 or done == config.total_steps):
+                t0 = time.perf_counter()
                 policy.update_params(state.params)
                 metrics.update(evaluate(done, policy, bench, config, workdir))
+                metrics["time/eval"] = time.perf_counter() - t0
             if config.log.episodes_every and done % config.log.episodes_every == 0:
                 trajs = [t for ts in groups for t in ts] + [t for pairs in rescued for t, _ in pairs]
                 metrics_lib.write_episodes(workdir, done, [workload.episode_record(t) for t in trajs])

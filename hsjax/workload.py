@@ -60,10 +60,14 @@ class Workload:
     summarize: Callable[[list], dict]
     initial_messages: Callable[[Any, hz.HarnessSpec], list]
     tokenizer: Any = None
+    # More evaluation sets, {split name: tasks} (`config.eval.extra_splits`), scored like eval_tasks.
+    extra_eval_tasks: dict = dataclasses.field(default_factory=dict)
 
     def set_tokenizer(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._tasks = {t.task_id: t for t in self.train_tasks + self.eval_tasks}
+        for tasks in self.extra_eval_tasks.values():
+            self._tasks.update((t.task_id, t) for t in tasks)
 
     @property
     def pad_id(self) -> int:
@@ -116,6 +120,8 @@ def _db_protocol(config, load_split, eval_load_split=None) -> Workload:
     return Workload(
         train_tasks=split(config.data.train_split, config.data.get("limit", 0)),
         eval_tasks=split(config.eval.split, config.eval.limit, eval_load_split or load_split),
+        extra_eval_tasks={name: split(name, config.eval.limit, eval_load_split or load_split)
+                          for name in config.eval.get("extra_splits", ()) if name != config.eval.split},
         base=pool["base"], siblings=siblings, make_episode=make_episode,
         summarize=db_evaluator.summarize,
         initial_messages=lambda task, spec: db_harness.initial_messages(
