@@ -23,6 +23,8 @@ MODES = {
     "sft": "hsjax.sft",
     "evolve": "hsjax.evolve",
     "serve": "hsjax.serve",
+    "probe": "hsjax.testbed_probe",
+    "testbed_demo": "hsjax.testbed_demo",
 }
 
 

@@ -1,0 +1,86 @@
+"""Runs testbed arms x seeds from one warm start: one `run.py` process per (arm, seed).
+
+    python experiments/testbed_sweep.py --warm W_sft/hf --root workdirs/testbed \
+        --arms warmstart,policy_only,harness_s --seeds 0,1,2 --parallel 2
+
+Each run writes `ROOT/<arm>/seed<k>/` (its log beside it as `run.log`) and, when it exits cleanly, a
+`DONE` file; a second invocation skips finished runs and resumes unfinished ones from their last
+checkpoint (resume is exact, docs/training.md). `warmstart` scores the warm start once, so it runs
+for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`).
+`ROOT/sweep.jsonl` records each finished run's command, exit code and wall time.
+The report: `python -m hsjax.testbed_report --root ROOT --out DIR` (docs/results.md).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = REPO / "experiments" / "testbed.py"
+
+
+def run_command(arm: str, seed: int, warm: str, workdir: pathlib.Path, overrides: list[str]) -> list[str]:
+    return [sys.executable, str(REPO / "run.py"), f"--config={CONFIG}:{arm}",
+            f"--config.model.hf_dir={warm}", f"--config.seed={seed}", f"--workdir={workdir}",
+            *[f"--config.{kv}" for kv in overrides]]
+
+
+def plan_runs(arms: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    return [(arm, seed) for arm in arms for seed in (seeds[:1] if arm == "warmstart" else seeds)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--warm", required=True, help="the SFT warm start's HF directory (W_sft/hf)")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--arms", required=True, help="comma-separated arms of experiments/testbed.py")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    if not (pathlib.Path(args.warm) / "config.json").exists():
+        parser.error(f"--warm {args.warm} is not an HF directory (no config.json); build it with "
+                     "`python run.py --config experiments/testbed.py:sft --workdir W_sft`")
+    root = pathlib.Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    runs = plan_runs([a.strip() for a in args.arms.split(",") if a.strip()],
+                     [int(s) for s in args.seeds.split(",") if s.strip()])
+    lock = threading.Lock()
+
+    def one(arm: str, seed: int) -> int:
+        workdir = root / arm / f"seed{seed}"
+        if (workdir / "DONE").exists():
+            print(f"skip {arm} seed {seed}: done", flush=True)
+            return 0
+        workdir.mkdir(parents=True, exist_ok=True)
+        cmd = run_command(arm, seed, args.warm, workdir, args.set)
+        t0 = time.perf_counter()
+        with open(workdir / "run.log", "a") as log:
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        wall = time.perf_counter() - t0
+        if rc == 0:
+            (workdir / "DONE").write_text(f"{wall:.1f}\n")
+        with lock:
+            with open(root / "sweep.jsonl", "a") as f:
+                f.write(json.dumps({"arm": arm, "seed": seed, "rc": rc, "wall_s": round(wall, 1),
+                                    "command": " ".join(cmd), "host_cpus": os.cpu_count()}) + "\n")
+            print(f"{arm} seed {seed}: rc {rc}, {wall:.0f} s", flush=True)
+        return rc
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.parallel)) as pool:
+        codes = list(pool.map(lambda run: one(*run), runs))
+    failed = [run for run, rc in zip(runs, codes) if rc]
+    if failed:
+        print(f"failed runs: {failed}; see their run.log", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
