@@ -58,11 +58,20 @@ def format_table(before: dict, after: dict[str, dict], walls: dict[str, float]) 
     return "\n".join(lines)
 
 
+def resolve_warm_start(hf_dir: str) -> str:
+    """`hf_dir` as given, or relative to the repository (the shipped assets/testbed_warmstart)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for path in (hf_dir, os.path.join(repo, hf_dir)):
+        if hf_dir and os.path.exists(os.path.join(path, "config.json")):
+            return os.path.abspath(path)
+    raise FileNotFoundError(
+        f"model.hf_dir={hf_dir!r} is not a warm start (no config.json); the project ships one in "
+        "assets/testbed_warmstart (docs/testbed.md says how it was built)")
+
+
 def main(config, workdir: str) -> dict:
-    if not config.model.hf_dir or not os.path.exists(os.path.join(config.model.hf_dir, "config.json")):
-        raise FileNotFoundError(
-            f"model.hf_dir={config.model.hf_dir!r} is not a warm start (no config.json); the project ships "
-            "one in assets/testbed_warmstart (docs/testbed.md says how it was built)")
+    with config.unlocked():
+        config.model.hf_dir = resolve_warm_start(config.model.hf_dir)
     walls, after = {}, {}
     for arm in ("warmstart", *config.demo.arms):
         t0 = time.perf_counter()
