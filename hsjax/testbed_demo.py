@@ -33,6 +33,7 @@ def arm_config(config, arm: str):
     if arm != "warmstart":
         c.total_steps = config.demo.total_steps
         c.eval.every = config.demo.total_steps
+        c.optim.warmup_steps = min(c.optim.warmup_steps, c.total_steps - 1)
     c.eval.limit = config.demo.eval_limit
     return c
 
