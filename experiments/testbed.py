@@ -114,8 +114,8 @@ def _demo(c: ml_collections.ConfigDict) -> None:
     c.model.hf_dir = "assets/testbed_warmstart"
     c.demo = ml_collections.ConfigDict()
     c.demo.arms = ("harness_s", "policy_only")
-    c.demo.total_steps = 10
-    c.demo.eval_limit = 60
+    c.demo.total_steps = 5  # with the evaluations, about 8 minutes on the 2-core CPU
+    c.demo.eval_limit = 30
 
 
 def _smoke(c: ml_collections.ConfigDict) -> None:
