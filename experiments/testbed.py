@@ -9,18 +9,24 @@ SFT warm start (writes W/metrics.jsonl, W/hf, W/checkpoints, W/eval/sft.json; do
     # a quick check (seconds of training, small eval)
     python run.py --config experiments/testbed.py:sft,smoke --workdir /tmp/hsjax/sft_smoke
 
-Regime (`config.regime`): families A are imitated in the base protocol under the base harness;
-families B in `regime.b_style` under the sibling that accepts that style (format_slip ->
-lenient_parse, premature_answer -> verify_answer). The other types get no SFT data.
+Regime (`config.regime`, docs/testbed.md): families A are imitated in the base protocol under the
+base harness; families B in `regime.b_style`: `schema_recovery` (default; misname a column, recover
+after schema_reminder's reminder, give up after a bare error — a share imitated under base),
+`format_slip` (`:format_slip`, accepted by lenient_parse) or `premature_answer` (`:premature`,
+verify_answer). The other types get no SFT data.
 
-Results seen (details and tables in docs/testbed.md):
-  `:sft` on the shared 2-core CPU (load 5-8, timings inflated): expert data 7 s, 300 steps x 16
-  streams in 441 s, loss 6.24 -> 0.51, eval 209 s; 0% on training and held-out tasks under every
-  harness (greedy and T=1): too few steps to learn copying, so the regime is not reached on CPU.
-  `:sft,gpu` on an H200 (3000 x 64, 66 s): training-split tasks, greedy, base 39% vs lenient_parse
-  57%; families B under base 0% (comparison, MIN, AVG, UPDATE), under lenient_parse 20/80/80/0%;
-  held-out 0% everywhere (the policy memorized the training tables). `:sft,gpu,premature`: base
-  40% vs verify_answer 55% (MIN 90%, AVG 50% under verify_answer, 0% under base).
+The shipped warm start `assets/testbed_warmstart` is
+    python run.py --config experiments/testbed.py:sft --config.sft.steps=1600 --config.sft.num_tasks=2000 \
+        --config.optim.warmup_steps=50 --config.eval.sampled=False --workdir W_sft
+(2,861 s on the shared 2-core CPU; training domains, greedy: base 24% vs schema_reminder 29%,
+families B 0% under base and 0/20/20/10% under schema_reminder; held-out 0% everywhere).
+
+Training arms (`TRAIN_ARMS`, mode train; modifiers `smoke`, `gpu`): one command per arm,
+    python run.py --config experiments/testbed.py:harness_s --config.model.hf_dir=assets/testbed_warmstart \
+        --config.seed=0 --workdir W/harness_s/seed0
+or arms x seeds with experiments/testbed_sweep.py; tables, plots and the behaviour analysis with
+`python -m hsjax.testbed_report --root W --out DIR`; results in docs/results.md. `:demo` is README's
+main job (hsjax/testbed_demo.py).
 """
 from __future__ import annotations
 
