@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import fcntl
 import json
 import os
 import pathlib
@@ -30,6 +31,20 @@ def run_command(arm: str, seed: int, warm: str, workdir: pathlib.Path, overrides
     return [sys.executable, str(REPO / "run.py"), f"--config={CONFIG}:{arm}",
             f"--config.model.hf_dir={warm}", f"--config.seed={seed}", f"--workdir={workdir}",
             *[f"--config.{kv}" for kv in overrides]]
+
+
+def claim(workdir: pathlib.Path):
+    """An exclusive lock on `workdir` (an open file), or None when another process holds it: two
+    sweeps over one root must not run the same workdir (the second's resume would truncate the
+    first's metrics)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    handle = open(workdir / ".lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
 
 
 def plan_runs(arms: list[str], seeds: list[int]) -> list[tuple[str, int]]:
@@ -52,22 +67,25 @@ def main(argv=None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     runs = plan_runs([a.strip() for a in args.arms.split(",") if a.strip()],
                      [int(s) for s in args.seeds.split(",") if s.strip()])
-    lock = threading.Lock()
+    log_lock = threading.Lock()
 
     def one(arm: str, seed: int) -> int:
         workdir = root / arm / f"seed{seed}"
         if (workdir / "DONE").exists():
             print(f"skip {arm} seed {seed}: done", flush=True)
             return 0
-        workdir.mkdir(parents=True, exist_ok=True)
+        lock = claim(workdir)
+        if lock is None:
+            print(f"skip {arm} seed {seed}: another sweep is running it", flush=True)
+            return 0
         cmd = run_command(arm, seed, args.warm, workdir, args.set)
         t0 = time.perf_counter()
-        with open(workdir / "run.log", "a") as log:
+        with lock, open(workdir / "run.log", "a") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         wall = time.perf_counter() - t0
         if rc == 0:
             (workdir / "DONE").write_text(f"{wall:.1f}\n")
-        with lock:
+        with log_lock:
             with open(root / "sweep.jsonl", "a") as f:
                 f.write(json.dumps({"arm": arm, "seed": seed, "rc": rc, "wall_s": round(wall, 1),
                                     "command": " ".join(cmd), "host_cpus": os.cpu_count()}) + "\n")
