@@ -107,6 +107,12 @@ def draw_groups(data, step, policy, bench, config, harness_ids):
     return kept_tasks, kept_groups, stats
 
 
+def base_rollouts_executed(kept_rollouts: int, dapo_stats: dict, n: int) -> int:
+    """Base rollouts the executor ran this step: with DAPO, every drawn group's n rollouts, the
+    dropped groups' included (the budget comparisons count them); else the kept ones."""
+    return int(dapo_stats["dapo/drawn_groups"]) * n if dapo_stats else int(kept_rollouts)
+
+
 def rescue_failed_groups(step, tasks, groups, rescuer, policy, bench, config, harness_ids):
     """Re-rolls each all-fail group under the rescuer's k siblings, m rollouts each.
 
@@ -304,6 +310,8 @@ def main(config, workdir: str) -> dict:
             metrics = step_metrics(groups, rescued, outcomes, update_metrics, harness_names)
             t_update = time.perf_counter() - t0
 
+            metrics["rollouts/base"] = base_rollouts_executed(metrics["rollouts/base"], dapo_stats,
+                                                              config.rollout.n)
             totals["rollouts/total"] += metrics["rollouts/base"] + metrics["rollouts/rescue"]
             totals["rollouts/rescue_total"] += metrics["rollouts/rescue"]
             metrics.update(totals)

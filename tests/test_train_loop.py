@@ -153,3 +153,8 @@ def test_dominant_failure_mode_breaks_ties_by_name():
 
     assert train.dominant_failure_mode([T("wrong_answer"), T("malformed_action")]) == "malformed_action"
     assert train.dominant_failure_mode([T("turn_limit"), T("wrong_answer"), T("wrong_answer")]) == "wrong_answer"
+
+
+def test_dapo_counts_the_rollouts_of_dropped_groups():
+    assert train.base_rollouts_executed(16, {"dapo/drawn_groups": 24, "dapo/dropped_groups": 20}, 4) == 96
+    assert train.base_rollouts_executed(32, {}, 4) == 32
