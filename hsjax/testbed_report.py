@@ -74,6 +74,24 @@ class Run:
         return next((row[key] for row in reversed(self.metrics) if key in row), default)
 
 
+def executed_rollouts(metrics: list[dict], n: int) -> list[dict]:
+    """Rows whose cumulative `rollouts/total` counts every rollout the executor ran. Runs logged
+    before DAPO's dropped groups were counted (hsjax.train.base_rollouts_executed) kept only the
+    kept groups' rollouts in `rollouts/base`; their totals are rebuilt from `dapo/drawn_groups`."""
+    if not n or not any("dapo/drawn_groups" in r and r.get("rollouts/base") != r["dapo/drawn_groups"] * n
+                        for r in metrics):
+        return metrics
+    out, total = [], 0
+    for row in metrics:
+        row = dict(row)
+        if "rollouts/base" in row:
+            base = row["dapo/drawn_groups"] * n if "dapo/drawn_groups" in row else row["rollouts/base"]
+            total += base + row.get("rollouts/rescue", 0)
+            row["rollouts/base"], row["rollouts/total"] = base, total
+        out.append(row)
+    return out
+
+
 def load_run(workdir) -> Run:
     workdir = pathlib.Path(workdir)
     if not (workdir / "metrics.jsonl").exists():
@@ -81,6 +99,7 @@ def load_run(workdir) -> Run:
     config = json.loads((workdir / "config.json").read_text()) if (workdir / "config.json").exists() else {}
     with open(workdir / "metrics.jsonl") as f:
         metrics = [json.loads(line) for line in f if line.strip()]
+    metrics = executed_rollouts(metrics, int(config.get("rollout", {}).get("n", 0)))
     evals = {}
     for p in sorted((workdir / "eval").glob("*_step*.json")):
         m = re.fullmatch(r"(.+)_step(\d+)", p.stem)

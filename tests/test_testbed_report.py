@@ -289,3 +289,13 @@ def test_notebook_runs_against_the_sweep(sweep, tmp_path, monkeypatch):
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "policy_only" in text and "image/png" in text
     assert (tmp_path / "report" / "curves.png").exists()
+
+
+def test_dapo_totals_count_dropped_groups():
+    rows = [{"step": 1, "rollouts/base": 16, "rollouts/rescue": 0, "rollouts/total": 16, "dapo/drawn_groups": 24},
+            {"step": 2, "rollouts/base": 8, "rollouts/rescue": 0, "rollouts/total": 24, "dapo/drawn_groups": 16},
+            {"step": 2, "eval/synth_train/base/success": 0.5}]
+    fixed = tr.executed_rollouts(rows, n=4)
+    assert [r.get("rollouts/total") for r in fixed] == [96, 160, None]
+    plain = [{"step": 1, "rollouts/base": 32, "rollouts/rescue": 8, "rollouts/total": 40}]
+    assert tr.executed_rollouts(plain, n=4) == plain
