@@ -172,15 +172,9 @@ TESTBED_HINT = ("If a statement fails with an unknown column, read the column na
 
 
 def _train_base(arm: str) -> ml_collections.ConfigDict:
-    import importlib.util
-    import pathlib
+    from hsjax import experiments
 
-    # Loaded by path: run.py loads config files by path, so `experiments` need not be a package.
-    spec = importlib.util.spec_from_file_location(
-        "hsjax_experiments_dbbench", pathlib.Path(__file__).with_name("dbbench.py"))
-    dbbench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(dbbench)
-    c = dbbench.get_config(arm)
+    c = experiments.get_config("dbbench", arm)
     c.name = "testbed"
     c.benchmark = "synth"
     c.data.train_split = "synth_train"

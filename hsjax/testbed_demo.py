@@ -13,21 +13,14 @@ import json
 import os
 import time
 
-from hsjax import train
+from hsjax import experiments, train
 
 SPLITS = ("synth_heldout", "synth_train")
 
 
 def arm_config(config, arm: str):
     """The arm's config from experiments/testbed.py with the demo's warm start, seed and length."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "testbed.py"
-    spec = importlib.util.spec_from_file_location("hsjax_experiments_testbed", path)
-    testbed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(testbed)
-    c = testbed.get_config(arm)
+    c = experiments.get_config("testbed", arm)
     c.model.hf_dir = config.model.hf_dir
     c.seed = config.seed
     if arm != "warmstart":

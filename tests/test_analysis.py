@@ -1,6 +1,5 @@
 """The three properties: hand-computed cases, and an evolved pool with scripted agents
 (diagonal-dominant locality, complementarity, nonstationarity, router top-1 accuracy)."""
-import importlib.util
 import json
 import pathlib
 
@@ -10,14 +9,12 @@ from harness_envs import harness as hz
 from harness_envs.dbbench.agents import NoisyAgent
 from harness_envs.dbbench.backends import make_backend
 from harness_envs.dbbench.data import load_split
-from hsjax import analysis, evolve
+from hsjax import analysis, evolve, experiments
 from hsjax.policy import SamplingParams
 from hsjax.router import Profiles, Router
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("evolve_experiment_a", REPO / "experiments" / "evolve.py")
-evolve_exp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(evolve_exp)
+evolve_exp = experiments.load("evolve")
 
 
 def _o(h, task, mode, ok, sample=0):

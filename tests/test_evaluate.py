@@ -1,5 +1,4 @@
 """Eval mode: `hsjax.evaluate.main` writes eval/<name>.json with the documented keys and prints the table."""
-import importlib.util
 import json
 import os
 import pathlib
@@ -8,12 +7,10 @@ import sys
 
 import pytest
 
-from hsjax import evaluate
+from hsjax import evaluate, experiments
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("dbbench_experiment", REPO / "experiments" / "dbbench.py")
-dbbench_exp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dbbench_exp)
+dbbench_exp = experiments.load("dbbench")
 
 EPISODE_KEYS = {"task_id", "type", "harness", "success", "reward", "failure_mode", "answer", "num_turns", "actions"}
 

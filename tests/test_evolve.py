@@ -1,7 +1,6 @@
 """Directional evolution with scripted agents, the regression check, and LLM-proposed candidates
 from a real HTTP server on 127.0.0.1."""
 import http.server
-import importlib.util
 import json
 import pathlib
 import subprocess
@@ -13,13 +12,11 @@ import pytest
 from harness_envs import harness as hz
 from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
 from harness_envs.dbbench.data import is_modification, load_split
-from hsjax import evolve
+from hsjax import evolve, experiments
 from hsjax.policy import HttpChatPolicy, SamplingParams
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("evolve_experiment", REPO / "experiments" / "evolve.py")
-evolve_exp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(evolve_exp)
+evolve_exp = experiments.load("evolve")
 
 # The knob (and value test) that repairs each scripted slip's failure mode.
 REPAIRS = {

@@ -1,5 +1,4 @@
 """Rank-1 inference: the router's single harness per task against the base, at equal rollouts."""
-import importlib.util
 import json
 import pathlib
 
@@ -8,14 +7,12 @@ import pytest
 from harness_envs import harness as hz
 from harness_envs.dbbench.agents import NoisyAgent
 from harness_envs.dbbench.data import load_split
-from hsjax import evolve, rank1
+from hsjax import evolve, experiments, rank1
 from hsjax.policy import SamplingParams
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STARTER = REPO / "harness_envs" / "pools" / "dbbench_siblings.json"
-_spec = importlib.util.spec_from_file_location("evolve_experiment_r", REPO / "experiments" / "evolve.py")
-evolve_exp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(evolve_exp)
+evolve_exp = experiments.load("evolve")
 
 
 @pytest.fixture

@@ -3,27 +3,20 @@
 The warm start, the training run and the probe run in this process, so the sampler programs they
 compile are shared; each is what `python run.py --config ...` runs for the same config.
 """
-import importlib.util
 import json
 import pathlib
 
 import numpy as np
 import pytest
 
+from hsjax import experiments
 from hsjax import testbed_probe as tp
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _experiment(name):
-    spec = importlib.util.spec_from_file_location(f"probe_test_{name}", REPO / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _probe_config(hf_dir, checkpoints):
-    c = _experiment("testbed_probe").get_config("smoke")
+    c = experiments.get_config("testbed_probe", "smoke")
     c.model.hf_dir = str(hf_dir)
     c.probe.checkpoints = checkpoints
     return c
@@ -35,7 +28,7 @@ def runs(tmp_path_factory):
     from hsjax import sft, train
 
     root = tmp_path_factory.mktemp("probe_runs")
-    testbed = _experiment("testbed")
+    testbed = experiments.load("testbed")
     sft.main(testbed.get_config("sft,smoke"), str(root / "D"))
     c = testbed.get_config("policy_only,smoke")
     c.model.hf_dir = str(root / "D" / "hf")

@@ -1,7 +1,6 @@
 """The testbed report on hand-made data and on a real small sweep (SFT smoke warm start, then the
 warmstart, policy_only (two seeds) and harness_s arms in smoke size), and the ablation notebook run
 against that sweep."""
-import importlib.util
 import json
 import os
 import pathlib
@@ -11,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from hsjax import analysis
+from hsjax import analysis, experiments
 from hsjax import testbed_report as tr
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -117,9 +116,7 @@ def test_behaviour_on_real_episodes_of_the_schema_recovery_expert(sqlite_backend
 
 
 def test_constants_agree_with_experiments_testbed():
-    spec = importlib.util.spec_from_file_location("testbed_config_for_report", REPO / "experiments" / "testbed.py")
-    testbed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(testbed)
+    testbed = experiments.load("testbed")
     assert tr.FAMILIES_A == tuple(testbed.FAMILIES_A) and tr.FAMILIES_B == tuple(testbed.FAMILIES_B)
     assert tr.ARM_ORDER == tuple(testbed.TRAIN_ARMS)
 

@@ -1,11 +1,7 @@
 """The sweep runner's plan and its per-workdir lock (two sweeps must not run one workdir)."""
-import importlib.util
-import pathlib
+from hsjax import experiments
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("testbed_sweep", REPO / "experiments" / "testbed_sweep.py")
-sweep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep)
+sweep = experiments.load("testbed_sweep")
 
 
 def test_warmstart_runs_once_and_arms_per_seed():
