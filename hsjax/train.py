@@ -183,8 +183,9 @@ def evaluate(step, policy, bench, config, workdir):
     return out
 
 
-def step_metrics(groups, rescued, outcomes, update_metrics, harness_names):
-    """Host-side metrics of one step: rewards by harness, rescue counts, rollouts spent."""
+def step_metrics(groups, rescued, outcomes, update_metrics, harness_names, dapo_stats, n):
+    """Host-side metrics of one step: rewards by harness, rescue counts, rollouts spent (DAPO's
+    dropped groups included, `base_rollouts_executed`)."""
     metrics = {k: float(v) for k, v in jax.device_get(update_metrics).items()}
     base = [t for trajs in groups for t in trajs]
     rescue = [t for pairs in rescued for t, _ in pairs]
@@ -194,12 +195,13 @@ def step_metrics(groups, rescued, outcomes, update_metrics, harness_names):
         by_harness.setdefault(harness_names[t.result["harness_id"]], []).append(t.result.get("reward", 0.0))
     for name, rewards in by_harness.items():
         metrics[f"reward/by_harness/{name}"] = float(np.mean(rewards))
-    metrics["rollouts/base"] = len(base)
+    metrics["rollouts/base"] = base_rollouts_executed(len(base), dapo_stats, n)
     metrics["rollouts/rescue"] = len(rescue)
     metrics["rescue/groups_rolled"] = sum(1 for pairs in rescued if pairs)
     metrics["rescue/rollout_success_frac"] = (
         float(np.mean([o["success"] for o in outcomes])) if outcomes else 0.0)
     metrics["tokens/generated"] = sum(t.num_generated_tokens for t in base + rescue)
+    metrics.update(dapo_stats)
     return metrics
 
 
@@ -307,15 +309,13 @@ def main(config, workdir: str) -> dict:
                 T_buckets=list(config.batch.T_buckets), pad_id=bench.pad_id,
                 rescue_context=config.loss.rescue_context, overlong=config.batch.overlong)
             state, update_metrics = update(state, place(packed))
-            metrics = step_metrics(groups, rescued, outcomes, update_metrics, harness_names)
+            metrics = step_metrics(groups, rescued, outcomes, update_metrics, harness_names, dapo_stats,
+                                   config.rollout.n)
             t_update = time.perf_counter() - t0
 
-            metrics["rollouts/base"] = base_rollouts_executed(metrics["rollouts/base"], dapo_stats,
-                                                              config.rollout.n)
             totals["rollouts/total"] += metrics["rollouts/base"] + metrics["rollouts/rescue"]
             totals["rollouts/rescue_total"] += metrics["rollouts/rescue"]
             metrics.update(totals)
-            metrics.update(dapo_stats)
             metrics.update({"time/rollout": t_rollout, "time/update": t_update,
                             "tokens/per_s": metrics["tokens/generated"] / max(t_rollout, 1e-9)})
             done = step + 1

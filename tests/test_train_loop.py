@@ -158,3 +158,17 @@ def test_dominant_failure_mode_breaks_ties_by_name():
 def test_dapo_counts_the_rollouts_of_dropped_groups():
     assert train.base_rollouts_executed(16, {"dapo/drawn_groups": 24, "dapo/dropped_groups": 20}, 4) == 96
     assert train.base_rollouts_executed(32, {}, 4) == 32
+
+
+def test_step_metrics_count_dapos_drawn_groups_and_keep_its_stats():
+    from hsjax.rollout import Trajectory
+
+    def traj(reward):
+        return Trajectory(result={"reward": reward, "harness_id": 0}, segments=[], turns=[],
+                          num_generated_tokens=3, timings={})
+
+    kept = [[traj(1.0), traj(0.0)]]  # one kept group of n=2; DAPO drew 5 groups to find it
+    dapo = {"dapo/drawn_groups": 5, "dapo/dropped_groups": 4}
+    metrics = train.step_metrics(kept, [[]], [], {}, ["base"], dapo, 2)
+    assert metrics["rollouts/base"] == 10 and metrics["dapo/dropped_groups"] == 4
+    assert train.step_metrics(kept, [[]], [], {}, ["base"], {}, 2)["rollouts/base"] == 2
