@@ -2,7 +2,7 @@
 
 A sweep root holds `ROOT/<arm>/seed<k>/` training workdirs of `experiments/testbed.py` (the
 `warmstart` arm scores the warm start once, at step 0). Everything here is a pure function of the
-loaded runs, plus a few matplotlib (Agg) plots and the CLI:
+loaded runs (hsjax.testbed_runs), plus a few matplotlib (Agg) plots and the CLI:
 
     python -m hsjax.testbed_report --root ROOT --out DIR
 
@@ -18,120 +18,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 import pathlib
-import re
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from hsjax import analysis
-
-HEADLINE, TRAIN_SPLIT = "synth_heldout", "synth_train"
-WARMSTART = "warmstart"
-ACTION_KINDS = ("inspect", "select", "modify", "answer", "malformed", "other")
-
-
-# Mirrors experiments/testbed.py (FAMILIES_A/B, TRAIN_ARMS; tests check they agree): the report reads
-# finished workdirs and must not break while that config file changes. A run's config.json
-# `regime.families_*`, when present, wins.
-FAMILIES_A = ("other", "counting", "ranking", "aggregation-SUM", "aggregation-MAX", "INSERT")
-FAMILIES_B = ("comparison", "aggregation-MIN", "aggregation-AVG", "UPDATE")
-ARM_ORDER = ("warmstart", "policy_only", "dapo", "hint", "harness_s", "harness_s_k1", "harness_s_k3",
-             "harness_s_profiles_only", "harness_s_no_reanchor", "random_routing")
-
-
-# ---------------------------------------------------------------- loading
-
-@dataclasses.dataclass
-class Run:
-    workdir: pathlib.Path
-    arm: str
-    seed: int
-    config: dict
-    metrics: list[dict]
-    evals: dict[tuple[str, int], dict]  # (split, step) -> {"step", "summary", "episodes"}
-
-    def eval_steps(self, split: str) -> list[int]:
-        return sorted(step for s, step in self.evals if s == split)
-
-    def final_eval(self, split: str) -> dict | None:
-        steps = self.eval_steps(split)
-        return self.evals[(split, steps[-1])] if steps else None
-
-    def episode_steps(self) -> list[int]:
-        return sorted(int(p.stem.split("_")[1]) for p in (self.workdir / "episodes").glob("step_*.jsonl"))
-
-    def episodes(self, step: int | None = None) -> Iterator[dict]:
-        """Training rollouts (base and rescue), read lazily: one step's, or every logged step's."""
-        for s in ([step] if step is not None else self.episode_steps()):
-            with open(self.workdir / "episodes" / f"step_{s:06d}.jsonl") as f:
-                yield from (json.loads(line) for line in f if line.strip())
-
-    def last(self, key: str, default=None):
-        """The value of `key` in the last metrics row that has it."""
-        return next((row[key] for row in reversed(self.metrics) if key in row), default)
-
-
-def executed_rollouts(metrics: list[dict], n: int) -> list[dict]:
-    """Rows whose cumulative `rollouts/total` counts every rollout the executor ran. Runs logged
-    before DAPO's dropped groups were counted (hsjax.train.base_rollouts_executed) kept only the
-    kept groups' rollouts in `rollouts/base`; their totals are rebuilt from `dapo/drawn_groups`."""
-    if not n or not any("dapo/drawn_groups" in r and r.get("rollouts/base") != r["dapo/drawn_groups"] * n
-                        for r in metrics):
-        return metrics
-    out, total = [], 0
-    for row in metrics:
-        row = dict(row)
-        if "rollouts/base" in row:
-            base = row["dapo/drawn_groups"] * n if "dapo/drawn_groups" in row else row["rollouts/base"]
-            total += base + row.get("rollouts/rescue", 0)
-            row["rollouts/base"], row["rollouts/total"] = base, total
-        out.append(row)
-    return out
-
-
-def load_run(workdir) -> Run:
-    workdir = pathlib.Path(workdir)
-    if not (workdir / "metrics.jsonl").exists():
-        raise FileNotFoundError(f"{workdir} has no metrics.jsonl: not a training workdir, or the run never logged a step")
-    config = json.loads((workdir / "config.json").read_text()) if (workdir / "config.json").exists() else {}
-    with open(workdir / "metrics.jsonl") as f:
-        metrics = [json.loads(line) for line in f if line.strip()]
-    metrics = executed_rollouts(metrics, int(config.get("rollout", {}).get("n", 0)))
-    evals = {}
-    for p in sorted((workdir / "eval").glob("*_step*.json")):
-        m = re.fullmatch(r"(.+)_step(\d+)", p.stem)
-        if m:
-            evals[(m.group(1), int(m.group(2)))] = json.loads(p.read_text())
-    m = re.fullmatch(r"seed(\d+)", workdir.name)
-    seed = int(m.group(1)) if m else int(config.get("seed", 0))
-    arm = workdir.parent.name if m else workdir.name
-    return Run(workdir, arm, seed, config, metrics, evals)
-
-
-def _arm_order(arm: str) -> tuple[int, str]:
-    return (ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER), arm)
-
-
-def load_sweep(root) -> list[Run]:
-    """Every `ROOT/<arm>/seed<k>/` workdir with a metrics.jsonl, in the order of TRAIN_ARMS, then seed."""
-    root = pathlib.Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"sweep root {root} does not exist; pass the --workdir parent of the arm runs")
-    runs = [load_run(p.parent) for p in root.glob("*/seed*/metrics.jsonl")]
-    if not runs:
-        raise FileNotFoundError(f"no ROOT/<arm>/seed<k>/metrics.jsonl under {root}: run the arms first "
-                                "(experiments/testbed.py docstring)")
-    return sorted(runs, key=lambda r: (_arm_order(r.arm), r.seed))
-
-
-def by_arm(runs: Sequence[Run]) -> dict[str, list[Run]]:
-    out: dict[str, list[Run]] = {}
-    for r in runs:
-        out.setdefault(r.arm, []).append(r)
-    return out
+from hsjax.episode_behaviour import ACTION_KINDS, behaviour
+from hsjax.testbed_runs import HEADLINE, TRAIN_SPLIT, WARMSTART, Run, by_arm, families, load_sweep
 
 
 # ---------------------------------------------------------------- results
@@ -142,11 +37,6 @@ def mean_std(values) -> dict | None:
         return None
     std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
     return {"mean": float(np.mean(values)), "std": std, "n": len(values)}
-
-
-def families(run: Run) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    regime = run.config.get("regime") or {}
-    return tuple(regime.get("families_a", FAMILIES_A)), tuple(regime.get("families_b", FAMILIES_B))
 
 
 def _success(records, types=None) -> float | None:
@@ -278,82 +168,6 @@ def markdown_budget_table(runs: Sequence[Run], budgets: Sequence[float],
 
 
 # ---------------------------------------------------------------- behaviour
-
-_STRINGS = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.)*\"")
-_FILTERED = re.compile(r"\bWHERE\b|\bORDER\s+BY\b|\bGROUP\s+BY\b|\bHAVING\b|"
-                       r"\b(?:COUNT|SUM|MIN|MAX|AVG|TOTAL|GROUP_CONCAT)\s*\(", re.I)
-_MODIFY = {"INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER", "TRUNCATE", "RENAME"}
-_META = {"DESCRIBE", "DESC", "SHOW", "PRAGMA", "EXPLAIN"}
-
-
-def action_kind(turn: dict) -> str:
-    """One policy action: `inspect` (DESCRIBE/SHOW, or a SELECT ... FROM with no WHERE, aggregate,
-    ORDER/GROUP BY: reading the table as it is), `select`, `modify`, `answer`, `malformed`, or
-    `other` (a statement of no such kind)."""
-    kind = turn.get("kind")
-    if kind in ("answer", "malformed"):
-        return kind
-    if kind != "sql":
-        return "other"
-    sql = _STRINGS.sub("''", (turn.get("sql") or "").strip())
-    first = (re.match(r"\s*\(*\s*(\w+)", sql) or [None, ""])[1].upper()
-    if first in _META:
-        return "inspect"
-    if first in _MODIFY:
-        return "modify"
-    if first in ("SELECT", "WITH"):
-        return "select" if _FILTERED.search(sql) or not re.search(r"\bFROM\b", sql, re.I) else "inspect"
-    return "other"
-
-
-# MySQL error numbers (the SQLite backend reports its errors in MySQL's shape), then plain words.
-_ERROR_CLASSES = (
-    ("unknown_column", r"\b1054\b|unknown column|no such column|has no column"),
-    ("unknown_table", r"\b1146\b|doesn't exist|no such table"),
-    ("syntax", r"\b1064\b|syntax"),
-    ("column_count", r"\b1136\b|column count"),
-    ("unknown_function", r"\b1305\b|no such function"),
-    ("timeout", r"\b3024\b|interrupted|timeout"),
-    ("denied", r"\b1227\b|access denied|not authorized"),
-)
-
-
-def error_class(text: str | None) -> str:
-    for name, pattern in _ERROR_CLASSES:
-        if re.search(pattern, text or "", re.I):
-            return name
-    return "other"
-
-
-def _fractions(counter: collections.Counter) -> dict[str, float]:
-    total = sum(counter.values())
-    return {k: v / total for k, v in counter.most_common()} if total else {}
-
-
-def behaviour(records: Sequence[dict]) -> dict:
-    """Action kinds over all turns; error classes over failed statements; failure modes over
-    episodes; `recovered_after_error`: the share of episodes where a failed statement is followed by
-    a successful one (`recovery_rate`: the same over episodes with a failed statement)."""
-    actions, errors, modes = collections.Counter(), collections.Counter(), collections.Counter()
-    with_error = recovered = 0
-    for r in records:
-        modes[r.get("failure_mode") or "unknown"] += 1
-        failed = fixed = False
-        for t in r.get("turns") or []:
-            actions[action_kind(t)] += 1
-            if t.get("kind") == "sql" and t.get("ok") is False:
-                errors[error_class(t.get("error") or t.get("observation"))] += 1
-                failed = True
-            elif t.get("kind") == "sql" and t.get("ok") and failed:
-                fixed = True
-        with_error += failed
-        recovered += fixed
-    n = len(records)
-    return {"episodes": n, "actions": _fractions(actions), "errors": _fractions(errors),
-            "failure_modes": _fractions(modes), "failed_statements": sum(errors.values()),
-            "recovered_after_error": recovered / n if n else 0.0,
-            "recovery_rate": recovered / with_error if with_error else None}
-
 
 def _final_records(run: Run, split: str | None) -> list[dict]:
     splits = [split] if split else sorted({s for s, _ in run.evals})

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from hsjax import analysis, experiments
+from hsjax import episode_behaviour as eb
 from hsjax import testbed_report as tr
+from hsjax import testbed_runs as tbr
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -40,13 +42,13 @@ def _turn(kind, sql=None, ok=None, error=None, observation=None):
     ("FROBNICATE games", "other"),
 ])
 def test_action_kind_of_statements(sql, kind):
-    assert tr.action_kind(_turn("sql", sql=sql, ok=True)) == kind
+    assert eb.action_kind(_turn("sql", sql=sql, ok=True)) == kind
 
 
 def test_action_kind_of_answers_and_malformed_replies():
-    assert tr.action_kind(_turn("answer")) == "answer"
-    assert tr.action_kind(_turn("malformed", error="no 'Action: Operation' line")) == "malformed"
-    assert tr.action_kind({"kind": None}) == "other"
+    assert eb.action_kind(_turn("answer")) == "answer"
+    assert eb.action_kind(_turn("malformed", error="no 'Action: Operation' line")) == "malformed"
+    assert eb.action_kind({"kind": None}) == "other"
 
 
 @pytest.mark.parametrize("text, cls", [
@@ -59,7 +61,7 @@ def test_action_kind_of_answers_and_malformed_replies():
     (None, "other"),
 ])
 def test_error_class(text, cls):
-    assert tr.error_class(text) == cls
+    assert eb.error_class(text) == cls
 
 
 def test_behaviour_on_hand_made_records():
@@ -74,7 +76,7 @@ def test_behaviour_on_hand_made_records():
         {"failure_mode": "malformed_action", "turns": [_turn("malformed")]},
         {"failure_mode": "wrong_modification", "turns": [_turn("sql", "UPDATE t SET x = 1", True), _turn("answer")]},
     ]
-    b = tr.behaviour(records)
+    b = eb.behaviour(records)
     assert b["episodes"] == 4 and b["failed_statements"] == 2
     assert b["actions"] == pytest.approx({"select": 3 / 9, "inspect": 1 / 9, "modify": 1 / 9, "answer": 3 / 9,
                                           "malformed": 1 / 9})
@@ -83,7 +85,7 @@ def test_behaviour_on_hand_made_records():
     assert b["recovered_after_error"] == 0.25 and b["recovery_rate"] == 0.5
     for key in ("actions", "errors", "failure_modes"):
         assert sum(b[key].values()) == pytest.approx(1.0)
-    empty = tr.behaviour([])
+    empty = eb.behaviour([])
     assert empty["episodes"] == 0 and empty["actions"] == {} and empty["recovery_rate"] is None
 
 
@@ -105,20 +107,20 @@ def test_behaviour_on_real_episodes_of_the_schema_recovery_expert(sqlite_backend
         trajs = collect([DBBenchEpisode(t, pool[harness], sqlite_backend) for t in tasks],
                         ex.ScriptedExpert(default_style="schema_recovery"), SamplingParams())
         out[harness] = [workload.episode_record(t) for t in trajs]
-    base, rescued = tr.behaviour(out["base"]), tr.behaviour(out["schema_reminder"])
+    base, rescued = eb.behaviour(out["base"]), eb.behaviour(out["schema_reminder"])
     assert base["errors"] == rescued["errors"] == {"unknown_column": 1.0}
     assert base["recovered_after_error"] == 0.0 and rescued["recovered_after_error"] == 1.0
     assert rescued["failure_modes"] == {"success": 1.0}
     modification = {"INSERT", "UPDATE"}
     for r in out["schema_reminder"]:  # the gold statement of each family is a filtered select or a modification
-        kinds = [tr.action_kind(t) for t in r["turns"]]
+        kinds = [eb.action_kind(t) for t in r["turns"]]
         assert kinds == ["modify" if r["type"] in modification else "select"] * 2 + ["answer"], r["type"]
 
 
 def test_constants_agree_with_experiments_testbed():
     testbed = experiments.load("testbed")
-    assert tr.FAMILIES_A == tuple(testbed.FAMILIES_A) and tr.FAMILIES_B == tuple(testbed.FAMILIES_B)
-    assert tr.ARM_ORDER == tuple(testbed.TRAIN_ARMS)
+    assert tbr.FAMILIES_A == tuple(testbed.FAMILIES_A) and tbr.FAMILIES_B == tuple(testbed.FAMILIES_B)
+    assert tbr.ARM_ORDER == tuple(testbed.TRAIN_ARMS)
 
 
 # ---------------------------------------------------------------- curves and budgets on hand-made runs
@@ -233,7 +235,7 @@ def test_results_table_cross_checks_the_metrics_files(sweep):
         for split, col in (("synth_heldout", "heldout"), ("synth_train", "train")):
             assert rows[arm][col]["mean"] == pytest.approx(np.mean([m[-1][f"eval/{split}/base/success"] for m in metrics]))
         episodes = json.loads((sweep / arm / "seed0/eval/synth_train_step000003.json").read_text())["episodes"]
-        b_types = {e["type"] for e in episodes} & set(tr.FAMILIES_B)
+        b_types = {e["type"] for e in episodes} & set(tbr.FAMILIES_B)
         assert b_types, "the smoke eval should hold some family-B tasks"
     assert rows["policy_only"]["rescue_rollouts"]["mean"] == 0 and rows["harness_s"]["rescue_rollouts"]["mean"] > 0
     table = tr.markdown_table(list(rows.values()))
@@ -252,7 +254,7 @@ def test_curves_and_behaviour_on_the_sweep(sweep):
         for key in ("actions", "failure_modes"):
             assert sum(row[key].values()) == pytest.approx(1.0), (row["arm"], row["harness"], key)
         assert not row["errors"] or sum(row["errors"].values()) == pytest.approx(1.0)
-    rescue_harnesses = {e["harness"] for e in tr.load_run(sweep / "harness_s/seed0").episodes()} - {"base"}
+    rescue_harnesses = {e["harness"] for e in tbr.load_run(sweep / "harness_s/seed0").episodes()} - {"base"}
     assert {r["harness"] for r in rows if r["arm"] == "harness_s" and r["source"] == "rescue rollouts"} == rescue_harnesses
     assert rescue_harnesses and not [r for r in rows if r["arm"] == "policy_only" and r["harness"] != "base"]
     final = [r for r in rows if r["arm"] == "policy_only" and r["harness"] == "base"][0]
@@ -292,7 +294,7 @@ def test_dapo_totals_count_dropped_groups():
     rows = [{"step": 1, "rollouts/base": 16, "rollouts/rescue": 0, "rollouts/total": 16, "dapo/drawn_groups": 24},
             {"step": 2, "rollouts/base": 8, "rollouts/rescue": 0, "rollouts/total": 24, "dapo/drawn_groups": 16},
             {"step": 2, "eval/synth_train/base/success": 0.5}]
-    fixed = tr.executed_rollouts(rows, n=4)
+    fixed = tbr.executed_rollouts(rows, n=4)
     assert [r.get("rollouts/total") for r in fixed] == [96, 160, None]
     plain = [{"step": 1, "rollouts/base": 32, "rollouts/rescue": 8, "rollouts/total": 40}]
-    assert tr.executed_rollouts(plain, n=4) == plain
+    assert tbr.executed_rollouts(plain, n=4) == plain
