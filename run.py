@@ -18,13 +18,13 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and outputs.")
 
 MODES = {
-    "train": "hsjax.train",
-    "eval": "hsjax.evaluate",
-    "sft": "hsjax.sft",
-    "evolve": "hsjax.evolve",
-    "serve": "hsjax.serve",
-    "probe": "hsjax.testbed_probe",
-    "testbed_demo": "hsjax.testbed_demo",
+    "train": "hsjax.modes.train",
+    "eval": "hsjax.modes.evaluate",
+    "sft": "hsjax.studies.testbed.warmstart",
+    "evolve": "hsjax.harness_s.evolve",
+    "serve": "hsjax.llm.server",
+    "probe": "hsjax.studies.testbed.probe",
+    "testbed_demo": "hsjax.studies.testbed.demo",
 }
 
 

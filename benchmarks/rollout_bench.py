@@ -35,8 +35,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from hsjax.models import get_preset, init_params, save_pretrained  # noqa: E402
-from hsjax.policy import SamplingParams  # noqa: E402
-from hsjax.sampler import Sampler  # noqa: E402
+from hsjax.rollout.policy import SamplingParams  # noqa: E402
+from hsjax.rollout.sampler import Sampler  # noqa: E402
 
 
 def _median_time(fn, reps):

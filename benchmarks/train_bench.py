@@ -1,4 +1,4 @@
-"""Throughput of the GRPO update (`hsjax.grpo.train_step`): tokens/s and MFU.
+"""Throughput of the GRPO update (`hsjax.rl.grpo.train_step`): tokens/s and MFU.
 
 The batch is synthetic (random tokens, every row filled to T, a prompt of T/8 untrained tokens,
 rewards that leave some groups all-failed and rescued) and the parameters random: the update's
@@ -28,12 +28,12 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
-from hsjax import grpo
-from hsjax.batch import TrainBatch
-from hsjax.losses import LossConfig
+from hsjax.rl import grpo
+from hsjax.rl.batch import TrainBatch
+from hsjax.rl.losses import LossConfig
 from hsjax.models.model import init_params
 from hsjax.models.presets import get_preset
-from hsjax.optim import make_optimizer
+from hsjax.rl.optim import make_optimizer
 
 PEAK_BF16_FLOPS = 989e12
 PEAK_SOURCE = "H200 SXM datasheet, dense bf16"
@@ -158,7 +158,7 @@ def print_table(r: dict, command: str) -> None:
          else f"{100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} TFLOP/s ({PEAK_SOURCE})"),
     ]
     width = max(len(k) for k, _ in rows)
-    print("\nGRPO update throughput (hsjax.grpo.train_step)")
+    print("\nGRPO update throughput (hsjax.rl.grpo.train_step)")
     for key, value in rows:
         print(f"  {key:<{width}}  {value}")
     print(f"  {'command':<{width}}  {command}\n")

@@ -24,7 +24,7 @@ the six starter siblings (overall_cat 40.0 under base, 41.7-53.3 under the sibli
 
     python run.py --config experiments/dbbench.py:demo --workdir /tmp/hsjax/demo
 
-Training (`hsjax/train.py`, docs/training.md). Arms: `policy_only`, `dapo`, `hint`, `harness_s`;
+Training (`hsjax/modes/train.py`, docs/training.md). Arms: `policy_only`, `dapo`, `hint`, `harness_s`;
 `smoke` shrinks any of them to 4 CPU steps of a tiny random policy; `smoke_harness_s` adds two
 local voters and re-anchoring every 2 steps:
 
@@ -101,7 +101,7 @@ def _demo(c: ml_collections.ConfigDict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Training (config.mode = 'train', hsjax/train.py). `split`, `harnesses`, `policy`, `sampling` above
+# Training (config.mode = 'train', hsjax/modes/train.py). `split`, `harnesses`, `policy`, `sampling` above
 # belong to eval mode; training reads the blocks below.
 
 HINT = ("Hint: look at the table first with a simple SELECT so that you use its exact column names "
@@ -189,7 +189,7 @@ def _train(c: ml_collections.ConfigDict) -> None:
     c.log.episodes_every = 10
 
     c.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
-    c.sharding_rules = ()  # (logical, mesh axes) pairs; empty = hsjax.sharding.DEFAULT_RULES
+    c.sharding_rules = ()  # (logical, mesh axes) pairs; empty = hsjax.infra.sharding.DEFAULT_RULES
 
 
 def _policy_only(c):
@@ -218,7 +218,7 @@ def _harness_s(c):
     c.router.explore = 0.2
     c.router.decay = 0.9
     c.router.reanchor_every = 10
-    c.router.voters = ()  # dicts of hsjax.router.voters.VoterSpec fields
+    c.router.voters = ()  # dicts of hsjax.harness_s.router.voters.VoterSpec fields
     # Voter servers the run starts itself on 127.0.0.1: "rule" (reads the profile cards), "tiny"
     # (a served tiny random checkpoint), "policy" (serves model.hf_dir as it is on disk).
     c.router.local_voters = ()

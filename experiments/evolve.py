@@ -13,11 +13,11 @@ Evolution (writes W/pool.json, W/analysis/*.json, W/plots/*.png; prints the dire
     # with candidates proposed by an LLM over an OpenAI-compatible API (validated, counted)
     python run.py --config experiments/evolve.py:dev,llm --config.evolve.llm.base_url=http://127.0.0.1:8000/v1 \
         --config.evolve.llm.model=qwen2.5-7b-instruct --workdir /tmp/hsjax/evolve_llm
-    # the policy itself over HTTP (any OpenAI-compatible server, e.g. hsjax/serve.py)
+    # the policy itself over HTTP (any OpenAI-compatible server, e.g. hsjax/llm/server.py)
     python run.py --config experiments/evolve.py:standard,http --config.policy.base_url=http://127.0.0.1:8000/v1 \
         --config.policy.model=qwen2.5-7b-instruct --workdir /tmp/hsjax/evolve_http
 
-Rank-1 (eval mode `rank1`; `hsjax.rank1.main(config, workdir)` writes W/eval/rank1.json):
+Rank-1 (eval mode `rank1`; `hsjax.harness_s.rank1.main(config, workdir)` writes W/eval/rank1.json):
 
     # profiles from standard_train, then dev: base vs the router's single harness, 1 rollout each
     python run.py --config experiments/evolve.py:rank1 --config.rank1.pool=/tmp/hsjax/evolve_dev/pool.json \

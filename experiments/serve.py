@@ -1,4 +1,4 @@
-"""Serve a policy as an OpenAI-compatible chat-completions endpoint (mode `serve`, hsjax/serve.py).
+"""Serve a policy as an OpenAI-compatible chat-completions endpoint (mode `serve`, hsjax/llm/server.py).
 
 `get_config(arg)`: `arg` is empty or `tiny` (serve a random tiny model written to
 `<workdir>/tiny_model`: no checkpoint needed, for smoke tests and local voters).

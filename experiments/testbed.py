@@ -25,8 +25,8 @@ Training arms (`TRAIN_ARMS`, mode train; modifiers `smoke`, `gpu`): one command 
     python run.py --config experiments/testbed.py:harness_s --config.model.hf_dir=assets/testbed_warmstart \
         --config.seed=0 --workdir W/harness_s/seed0
 or arms x seeds with experiments/testbed_sweep.py; tables, plots and the behaviour analysis with
-`python -m hsjax.testbed_report --root W --out DIR`; results in docs/results.md. `:demo` is README's
-main job (hsjax/testbed_demo.py).
+`python -m hsjax.studies.testbed.report --root W --out DIR`; results in docs/results.md. `:demo` is README's
+main job (hsjax/studies/testbed/demo.py).
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def _format_slip(c: ml_collections.ConfigDict) -> None:
 
 
 def _demo(c: ml_collections.ConfigDict) -> None:
-    """README's main job (hsjax/testbed_demo.py): the shipped warm start, scored, then trained by
+    """README's main job (hsjax/studies/testbed/demo.py): the shipped warm start, scored, then trained by
     Harness-S and by plain GRPO, each scored again under the base harness."""
     c.mode = "testbed_demo"
     c.model.hf_dir = "assets/testbed_warmstart"
@@ -172,7 +172,7 @@ TESTBED_HINT = ("If a statement fails with an unknown column, read the column na
 
 
 def _train_base(arm: str) -> ml_collections.ConfigDict:
-    from hsjax import experiments
+    from hsjax.infra import experiments
 
     c = experiments.get_config("dbbench", arm)
     c.name = "testbed"

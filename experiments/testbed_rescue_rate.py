@@ -21,8 +21,8 @@ sys.path.insert(0, str(REPO))
 from harness_envs import harness as hz  # noqa: E402
 from harness_envs.dbbench.sqlite_backend import SQLiteBackend  # noqa: E402
 from harness_envs.synth import tasks as synth_tasks  # noqa: E402
-from hsjax import sft  # noqa: E402
-from hsjax.policy import JaxPolicy, SamplingParams  # noqa: E402
+from hsjax.studies.testbed import warmstart as sft  # noqa: E402
+from hsjax.rollout.policy import JaxPolicy, SamplingParams  # noqa: E402
 
 FAMILIES_B = ("comparison", "aggregation-MIN", "aggregation-AVG", "UPDATE")
 

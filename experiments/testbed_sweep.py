@@ -8,7 +8,7 @@ Each run writes `ROOT/<arm>/seed<k>/` (its log beside it as `run.log`) and, when
 checkpoint (resume is exact, docs/training.md). `warmstart` scores the warm start once, so it runs
 for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`).
 `ROOT/sweep.jsonl` records each finished run's command, exit code and wall time.
-The report: `python -m hsjax.testbed_report --root ROOT --out DIR` (docs/results.md).
+The report: `python -m hsjax.studies.testbed.report --root ROOT --out DIR` (docs/results.md).
 """
 from __future__ import annotations
 

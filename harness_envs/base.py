@@ -1,7 +1,7 @@
 """The Episode protocol shared by every benchmark, and the small types around it.
 
 An episode is one task under one harness: stateful, JAX-free, driven turn by turn by
-`hsjax.rollout.collect`. A chat message is a plain dict `{"role": ..., "content": str}` with role
+`hsjax.rollout.engine.collect`. A chat message is a plain dict `{"role": ..., "content": str}` with role
 `system`, `user` or `assistant`.
 
 Life cycle:

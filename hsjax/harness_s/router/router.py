@@ -1,0 +1,487 @@
+"""The Harness-S router: top-k sibling harnesses for a failed group, from profiles and LLM votes.
+
+For each candidate h of the pool the router computes
+
+    profile(h) = sum over the group's failure modes m of freq(m) * profiles.score(h, type, m)
+    votes(h)   = the aggregated voter rankings, in [0, 1] (see `aggregate`)
+    score(h)   = profile_weight * profile(h) + (1 - profile_weight) * votes(h)
+
+and returns the k best, ties broken by profile(h), then by name. When no voter answers (or none
+is configured) score(h) = profile(h): the router falls back to the profiles alone.
+
+Outcomes of the rescue rollouts feed back twice: into the profiles (the sibling's Beta counts for
+the task type and the base group's failure mode) and into each voter's record, for `weighted`
+aggregation: a voter that put the re-rolled sibling in its top k gets one success or failure.
+
+Re-anchoring (`reanchor`, every `reanchor_every` steps) decays profiles and voter records toward
+their priors so the router follows the policy as it learns, then folds in fresh evidence: buffered
+rescue outcomes (when `online=False`) and outcomes of probe tasks re-run under each sibling.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+import time
+from typing import Any, Iterable, Sequence
+
+from hsjax.harness_s.rescue import Rescuer
+from hsjax.harness_s.router.profiles import Profiles
+from hsjax.harness_s.router.voters import LLMVoter, VoteCache, VoteRequest, VoterSpec, vote_all
+
+AGGREGATIONS = ("majority", "borda", "weighted")
+_TIE_DIGITS = 12  # scores equal to 12 decimals are ties, whatever order the sums ran in
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregation (pure)
+
+
+def aggregate(rankings: dict[str, list[str]], candidates: Sequence[str], rule: str,
+              weights: dict[str, float] | None = None) -> dict[str, float]:
+    """Vote scores in [0, 1] for every candidate from voter rankings (best first, possibly partial).
+
+    majority: share of voters that ranked h first.
+    borda:    a voter gives n-1-i points to its i-th name (n candidates; unranked names get 0);
+              h's points over the most possible, n-1 per voter.
+    weighted: borda with voter v's points multiplied by weights[v], divided by the sum of weights.
+    Majority and Borda count one vote per voter; only `weighted` uses the weights.
+    """
+    if rule not in AGGREGATIONS:
+        raise ValueError(f"aggregation={rule!r}: expected one of {AGGREGATIONS}")
+    scores = {h: 0.0 for h in candidates}
+    if not rankings:
+        return scores
+    n = len(candidates)
+    if rule == "majority":
+        for ranking in rankings.values():
+            if ranking and ranking[0] in scores:
+                scores[ranking[0]] += 1.0
+        return {h: s / len(rankings) for h, s in scores.items()}
+    w = {v: (weights or {}).get(v, 1.0) if rule == "weighted" else 1.0 for v in rankings}
+    total = sum(w.values()) * max(n - 1, 1)
+    if total <= 0:
+        return scores
+    for v, ranking in rankings.items():
+        for i, h in enumerate(ranking):
+            if h in scores:
+                scores[h] += w[v] * (max(n - 1 - i, 0) if n > 1 else 1)
+    return {h: s / total for h, s in scores.items()}
+
+
+def combine(profile_scores: dict[str, float], vote_scores: dict[str, float] | None,
+            profile_weight: float) -> dict[str, float]:
+    if vote_scores is None:
+        return dict(profile_scores)
+    return {h: profile_weight * p + (1.0 - profile_weight) * vote_scores.get(h, 0.0)
+            for h, p in profile_scores.items()}
+
+
+def ranked(scores: dict[str, float], profile_scores: dict[str, float]) -> list[str]:
+    """Candidates best first; ties by profile score, then by name."""
+    return sorted(scores, key=lambda h: (-round(scores[h], _TIE_DIGITS),
+                                         -round(profile_scores.get(h, 0.0), _TIE_DIGITS), h))
+
+
+def mode_frequencies(failed_results: Sequence[dict]) -> dict[str, float]:
+    """Share of each failure mode in the failed group (sorted by name; empty if none is known)."""
+    modes = [r.get("failure_mode") for r in failed_results if r.get("failure_mode")]
+    counts = collections.Counter(modes)
+    return {m: counts[m] / len(modes) for m in sorted(counts)}
+
+
+def dominant_mode(freqs: dict[str, float]) -> str | None:
+    return min(freqs, key=lambda m: (-freqs[m], m)) if freqs else None
+
+
+def _field(obj: Any, name: str, default=None):
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def group_summary(failed_results: Sequence[dict]) -> str:
+    """A few lines on the failed group for the voters."""
+    n = len(failed_results)
+    modes = collections.Counter(r.get("failure_mode") or "unknown" for r in failed_results)
+    by_count = sorted(modes.items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = [f"{n} rollouts under the base harness, all failed.",
+             "failure modes: " + ", ".join(f"{m} x{c}" for m, c in by_count)]
+    turns = [r["num_turns"] for r in failed_results if isinstance(r.get("num_turns"), (int, float))]
+    if turns:
+        parts.append(f"mean turns: {sum(turns) / len(turns):.1f}")
+    for r in failed_results[:2]:
+        snip = _snippet(r)
+        if snip:
+            parts.append(f"example ({r.get('failure_mode') or 'unknown'}): {snip}")
+    return "\n".join(parts)
+
+
+def _snippet(result: dict, chars: int = 240) -> str:
+    if result.get("snippet"):
+        return " ".join(str(result["snippet"]).split())[:chars]
+    turns = result.get("turns") or []
+    if turns and isinstance(turns[-1], dict) and turns[-1].get("reply"):
+        return f"last reply ({turns[-1].get('kind')}): " + " ".join(str(turns[-1]["reply"]).split())[:chars]
+    return ""
+
+
+def rescue_outcome(outcome: dict, pending: dict | None) -> dict:
+    """An episode result of a rescue rollout as a profile outcome. The result's own `failure_mode`
+    is the rescue rollout's; the base group's mode comes from `base_failure_mode` or the decision."""
+    success = outcome.get("success")
+    if success is None:
+        success = float(outcome.get("reward") or 0.0) > 0.0
+    mode = outcome.get("base_failure_mode")
+    if mode is None and pending is not None:
+        mode = pending.get("failure_mode")
+    task_type = outcome.get("task_type", outcome.get("type"))
+    if task_type is None and pending is not None:
+        task_type = pending.get("task_type")
+    return {"harness": outcome["harness"], "task_type": task_type, "base_failure_mode": mode,
+            "success": bool(success), "num_turns": outcome.get("num_turns"),
+            "num_tokens": outcome.get("num_tokens"), "snippet": _snippet(outcome) or None}
+
+
+# ---------------------------------------------------------------------------------------------
+# The router
+
+
+@dataclasses.dataclass
+class Decision:
+    harnesses: list[str]
+    scores: dict[str, float]
+    reasons: list[str]
+    votes: dict[str, list[str]]
+    voter_failures: int
+    latency_s: float
+    profile_scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    vote_scores: dict[str, float] | None = None
+    failures: dict[str, str] = dataclasses.field(default_factory=dict)
+    fallback: bool = True
+
+
+class Router:
+    """Chooses siblings for failed groups; learns from rescue outcomes; state round-trips exactly.
+
+    `voters`: VoterSpecs (or LLMVoters). `reanchor_every` = R steps (0: never by itself);
+    `decay`: factor applied to profile and voter counts at each re-anchoring; `online`: fold rescue
+    outcomes into the profiles as they arrive (True) or buffer them until the next re-anchoring.
+    """
+
+    def __init__(self, pool_names: Sequence[str], profiles: Profiles | None = None,
+                 voters: Sequence[VoterSpec | LLMVoter] = (), k: int = 2, aggregation: str = "borda",
+                 profile_weight: float = 0.5, *, explore: float = 0.2,
+                 voter_prior: tuple[float, float] = (1.0, 1.0), decay: float = 0.9,
+                 reanchor_every: int = 0, online: bool = True, deadline_s: float | None = None,
+                 cache_size: int = 4096, max_pending: int = 4096):
+        self.pool_names = list(pool_names)
+        if not self.pool_names or len(set(self.pool_names)) != len(self.pool_names):
+            raise ValueError(f"Router pool_names must be non-empty and unique, got {self.pool_names}")
+        if not 1 <= k <= len(self.pool_names):
+            raise ValueError(f"Router k={k}: must be between 1 and the pool size {len(self.pool_names)}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"Router aggregation={aggregation!r}: expected one of {AGGREGATIONS}")
+        if not 0.0 <= profile_weight <= 1.0:
+            raise ValueError(f"Router profile_weight={profile_weight}: must be in [0, 1]")
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"Router decay={decay}: must be in [0, 1] (1 = never forget)")
+        self.profiles = profiles if profiles is not None else Profiles(self.pool_names)
+        for name in self.pool_names:
+            self.profiles.add(name)
+        self.voters = [v if isinstance(v, LLMVoter) else LLMVoter(v) for v in voters]
+        names = [v.name for v in self.voters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Router voter names must be unique, got {names}")
+        if explore < 0:
+            raise ValueError(f"Router explore={explore}: must be >= 0 (0 = pure posterior means)")
+        self.k, self.aggregation, self.profile_weight = k, aggregation, profile_weight
+        self.explore = float(explore)
+        self.voter_prior = (float(voter_prior[0]), float(voter_prior[1]))
+        self.decay, self.reanchor_every, self.online = decay, reanchor_every, online
+        self.deadline_s, self.max_pending = deadline_s, max_pending
+        self.cache = VoteCache(cache_size)
+        self.voter_stats: dict[str, list[float]] = {v.name: [0.0, 0.0] for v in self.voters}
+        self.counters: dict[str, int] = collections.Counter()
+        self.pending: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        self.recent: list[dict] = []
+        self.last_reanchor_step: int | None = None
+        self._log: list[dict] = []
+        self._step = collections.Counter()  # since the last pop_step_metrics(); not checkpointed
+
+    def __repr__(self):
+        return (f"Router(pool={self.pool_names}, k={self.k}, aggregation={self.aggregation!r}, "
+                f"voters={[v.name for v in self.voters]})")
+
+    def close(self):
+        for v in self.voters:
+            v.close()
+
+    # ------------------------------------------------------------------ deciding
+
+    def voter_weights(self) -> dict[str, float]:
+        """spec.weight times the posterior mean of how often the voter's top-k choices rescued."""
+        a0, b0 = self.voter_prior
+        return {v.name: v.spec.weight * (a0 + self.voter_stats[v.name][0])
+                / (a0 + b0 + sum(self.voter_stats[v.name])) for v in self.voters}
+
+    def exploration_bonus(self, harness: str, failure_mode: str | None) -> float:
+        """UCB-style: explore * sqrt(ln(1 + N) / (1 + n)), n = the sibling's (decayed) observations
+        for this failure mode, N = the whole pool's. A sibling never tried on a mode gets the
+        largest bonus, which shrinks as its own evidence grows."""
+        if not self.explore:
+            return 0.0
+        def cell_n(h):
+            p = self.profiles[h]
+            cell = p.by_mode.get(failure_mode) if failure_mode is not None else p.overall
+            return sum(cell) if cell else 0.0
+        total = sum(cell_n(h) for h in self.pool_names)
+        return self.explore * math.sqrt(math.log1p(total) / (1.0 + cell_n(harness)))
+
+    def profile_scores(self, task_type: str | None, freqs: dict[str, float]) -> dict[str, float]:
+        """sum over the group's failure modes m of freq(m) * (score(h, type, m) + bonus(h, m))."""
+        def one(h, m):
+            return self.profiles.score(h, task_type, m) + self.exploration_bonus(h, m)
+
+        if not freqs:
+            return {h: one(h, None) for h in self.pool_names}
+        return {h: sum(f * one(h, m) for m, f in freqs.items()) for h in self.pool_names}
+
+    def top_k(self, task: Any, failed_results: Sequence[dict], *, step: int | None = None,
+              group_index: int | None = None) -> Decision:
+        start = time.monotonic()
+        failed_results = list(failed_results)
+        first = failed_results[0] if failed_results else {}
+        task_id = _field(task, "task_id", first.get("task_id"))
+        task_type = _field(task, "type", first.get("type"))
+        freqs = mode_frequencies(failed_results)
+        prof = self.profile_scores(task_type, freqs)
+
+        votes, failures, vote_scores = {}, {}, None
+        if self.voters:
+            request = VoteRequest(
+                task={"task_id": task_id, "type": task_type, "question": _field(task, "question")},
+                group_summary=group_summary(failed_results),
+                cards={h: self.profiles.card(h) for h in self.pool_names},
+                candidates=tuple(self.pool_names))
+            outcome = vote_all(self.voters, request, cache=self.cache, deadline_s=self.deadline_s)
+            votes, failures = outcome.rankings, outcome.failures
+            for reason, c in outcome.counters.items():
+                self.counters[f"voter/{reason}"] += c
+            self.counters["voter_calls"] += len(self.voters)
+            self.counters["voter_failures"] += len(failures)
+            if votes:
+                vote_scores = aggregate(votes, self.pool_names, self.aggregation, self.voter_weights())
+        scores = combine(prof, vote_scores, self.profile_weight)
+        chosen = ranked(scores, prof)[: self.k]
+        mode = dominant_mode(freqs)
+        reasons = [self._reason(h, scores, prof, vote_scores, votes, task_type, mode) for h in chosen]
+        self.counters["decisions"] += 1
+        self.counters["fallbacks"] += int(vote_scores is None)
+        if task_id is not None:
+            key = str(task_id)
+            self.pending.pop(key, None)
+            self.pending[key] = {"task_type": task_type, "failure_mode": mode,
+                                 "votes": {v: r[: self.k] for v, r in votes.items()}}
+            while len(self.pending) > self.max_pending:
+                self.pending.popitem(last=False)
+        decision = Decision(chosen, scores, reasons, votes, len(failures), time.monotonic() - start,
+                            prof, vote_scores, failures, vote_scores is None)
+        self._step["decisions"] += 1
+        self._step["fallbacks"] += int(decision.fallback)
+        self._step["voter_calls"] += len(self.voters)
+        self._step["voter_failures"] += len(failures)
+        self._step["latency_s"] += decision.latency_s
+        self._step["latency_s_max"] = max(self._step["latency_s_max"], decision.latency_s)
+        self._log.append({"step": step, "group_index": group_index, "task_id": task_id,
+                          "task_type": task_type, "failure_modes": freqs, "aggregation": self.aggregation,
+                          "harnesses": chosen, "scores": scores, "profile_scores": prof,
+                          "vote_scores": vote_scores, "votes": votes, "voter_failures": failures,
+                          "fallback": decision.fallback, "reasons": reasons,
+                          "latency_s": decision.latency_s})
+        return decision
+
+    def _reason(self, h, scores, prof, vote_scores, votes, task_type, mode) -> str:
+        p = self.profiles[h]
+        cell = p.by_mode.get(mode) if mode else None
+        evidence = (f"{mode}: {cell[0]:.1f}/{sum(cell):.1f} rescued" if cell
+                    else f"no {mode} evidence yet, overall {p.overall[0]:.1f}/{p.n:.1f}" if mode
+                    else f"overall {p.overall[0]:.1f}/{p.n:.1f} rescued")
+        text = f"{h}: score {scores[h]:.3f}; profile {prof[h]:.3f} ({evidence}"
+        text += f", exploration bonus {self.exploration_bonus(h, mode):.3f})" if self.explore else ")"
+        if vote_scores is None:
+            return text + "; profiles only (no voter answered)" if self.voters else text
+        first = sum(1 for r in votes.values() if r and r[0] == h)
+        listed = sum(1 for r in votes.values() if h in r)
+        return (text + f"; votes {vote_scores[h]:.3f} ({self.aggregation}: first for {first}, "
+                f"ranked by {listed} of {len(votes)} voters)")
+
+    def drain_log(self) -> list[dict]:
+        """Decision records since the last drain (the loop appends them to router_decisions.jsonl)."""
+        out, self._log = self._log, []
+        return out
+
+    # ------------------------------------------------------------------ learning
+
+    def observe(self, outcomes: Iterable[dict]) -> int:
+        """Rescue outcomes (episode results): profile updates and voter credit. Returns how many
+        outcomes concerned a pool sibling; others (e.g. base rollouts) are counted and ignored."""
+        used, seen_tasks = [], set()
+        credit = collections.defaultdict(lambda: [0.0, 0.0])
+        for o in outcomes:
+            if o.get("harness") not in self.pool_names:
+                self.counters["outcomes_ignored"] += 1
+                continue
+            key = None if o.get("task_id") is None else str(o["task_id"])
+            pending = self.pending.get(key) if key is not None else None
+            norm = rescue_outcome(o, pending)
+            used.append(norm)
+            if pending is not None:
+                seen_tasks.add(key)
+                for voter, top in pending["votes"].items():
+                    if norm["harness"] in top and voter in self.voter_stats:
+                        credit[voter][0 if norm["success"] else 1] += 1.0
+        for voter, (s, f) in credit.items():
+            self.voter_stats[voter][0] += s
+            self.voter_stats[voter][1] += f
+        for key in seen_tasks:
+            del self.pending[key]
+        if self.online:
+            self.profiles.update(used)
+        else:
+            self.recent.extend(used)
+        self.counters["outcomes"] += len(used)
+        return len(used)
+
+    def reanchor_due(self, step: int) -> bool:
+        return (self.reanchor_every > 0 and step > 0 and step % self.reanchor_every == 0
+                and step != self.last_reanchor_step)
+
+    def reanchor(self, step: int, recent_outcomes: Iterable[dict] | None = None,
+                 probe_outcomes: Iterable[dict] = ()) -> int:
+        """Decays profiles and voter records (once per step), then folds buffered outcomes,
+        `recent_outcomes` (not yet observed) and `probe_outcomes` (probe tasks re-run under each
+        sibling by the loop; they carry their own `base_failure_mode`). Returns how many were folded."""
+        if step != self.last_reanchor_step:
+            self.profiles.decay(self.decay)
+            for stats in self.voter_stats.values():
+                stats[0] *= self.decay
+                stats[1] *= self.decay
+            self.last_reanchor_step = step
+            self.counters["reanchors"] += 1
+        fresh = self.recent + [rescue_outcome(o, None) for o in (recent_outcomes or ())]
+        fresh += [rescue_outcome(o, None) for o in probe_outcomes]
+        self.recent = []
+        return self.profiles.update(o for o in fresh if o["harness"] in self.pool_names)
+
+    def pop_step_metrics(self) -> dict[str, float]:
+        """Decisions since the last call: count, mean/max latency, voter failure and fallback fractions."""
+        st, self._step = self._step, collections.Counter()
+        n, calls = st["decisions"], st["voter_calls"]
+        return {"router/decisions": float(n),
+                "router/latency_s": st["latency_s"] / n if n else 0.0,
+                "router/latency_s_max": float(st["latency_s_max"]),
+                "router/voter_failures": float(st["voter_failures"]),
+                "router/voter_fail_frac": st["voter_failures"] / calls if calls else 0.0,
+                "router/fallback_frac": st["fallbacks"] / n if n else 0.0}
+
+    def metrics(self) -> dict[str, float]:
+        """Cumulative counters under slash names (`router/...`)."""
+        out = {f"router/total/{k}": float(v) for k, v in sorted(self.counters.items())}
+        calls = self.counters["voter_calls"]
+        out["router/total/voter_fail_frac"] = self.counters["voter_failures"] / calls if calls else 0.0
+        return out
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        """Plain JSON. The vote cache and the undrained log are not part of it: the cache only saves
+        HTTP calls, and the loop drains the log before each checkpoint."""
+        return json.loads(json.dumps({
+            "profiles": self.profiles.to_dict(), "voter_stats": self.voter_stats,
+            "counters": dict(self.counters), "pending": list(self.pending.items()),
+            "recent": self.recent, "last_reanchor_step": self.last_reanchor_step}, allow_nan=False))
+
+    def load_state_dict(self, state: dict) -> None:
+        state = json.loads(json.dumps(state))
+        self.profiles = Profiles.from_dict(state["profiles"])
+        for name in self.pool_names:
+            self.profiles.add(name)
+        self.voter_stats = {v.name: list(state["voter_stats"].get(v.name, [0.0, 0.0])) for v in self.voters}
+        self.counters = collections.Counter(state["counters"])
+        self.pending = collections.OrderedDict((k, v) for k, v in state["pending"])
+        self.recent = list(state["recent"])
+        self.last_reanchor_step = state["last_reanchor_step"]
+
+
+class HarnessSRescuer(Rescuer):
+    """The Harness-S rescuer for the trainer: the router's top-k, mapped back to harness specs."""
+
+    def __init__(self, pool: Sequence[Any], router: Router | None = None, **router_kwargs):
+        self.pool = list(pool)
+        self.by_name = {spec.name: spec for spec in self.pool}
+        if len(self.by_name) != len(self.pool):
+            raise ValueError(f"HarnessSRescuer pool has duplicate names: {[s.name for s in self.pool]}")
+        if router is None:
+            router = Router(list(self.by_name), Profiles.from_pool(self.pool), **router_kwargs)
+        elif router_kwargs:
+            raise ValueError(f"HarnessSRescuer: pass either a router or router options, not both "
+                             f"(got {sorted(router_kwargs)})")
+        missing = [n for n in router.pool_names if n not in self.by_name]
+        if missing:
+            raise ValueError(f"router candidates {missing} are not in the pool {sorted(self.by_name)}")
+        self.router = router
+        self.k = router.k
+        self.last_decision: Decision | None = None
+
+    def choose(self, step, group_index, task, failed_results):
+        self.last_decision = self.router.top_k(task, failed_results, step=step, group_index=group_index)
+        return [self.by_name[h] for h in self.last_decision.harnesses]
+
+    def observe(self, step, outcomes):
+        self.router.observe(outcomes)
+        if self.router.reanchor_due(step):
+            self.router.reanchor(step)
+
+    def drain_log(self) -> list[dict]:
+        return self.router.drain_log()
+
+    def metrics(self) -> dict[str, float]:
+        """Per-step router metrics (since the last call) and the cumulative counters."""
+        return {**self.router.pop_step_metrics(), **self.router.metrics()}
+
+    def state_dict(self) -> dict:
+        return {"router": self.router.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "router" not in state:
+            raise ValueError(f"HarnessSRescuer state lacks 'router' (keys: {sorted(state)}); was it "
+                             "saved by another rescuer kind?")
+        self.router.load_state_dict(state["router"])
+
+
+def build_rescuer(config, pool: Sequence[Any], extra_voters: Sequence[dict] = ()) -> HarnessSRescuer:
+    """The `harness_s` rescuer from a run config: `config.rescue.k` and the optional `config.router`
+    block (every key optional: aggregation, profile_weight, explore, decay, reanchor_every, online,
+    deadline_s, prior, backoff, voter_prior, voters = list of VoterSpec field dicts)."""
+    r = config.get("router", None) or {}
+    get = (lambda key, default: r.get(key, default))
+    profiles = Profiles.from_pool(pool, prior=tuple(get("prior", (1.0, 1.0))), backoff=get("backoff", 2.0))
+    voters = []
+    for i, v in enumerate(get("voters", ()) or ()):
+        v = dict(v)
+        unknown = set(v) - {f.name for f in dataclasses.fields(VoterSpec)}
+        if unknown:
+            raise ValueError(f"config.router.voters[{i}] has unknown keys {sorted(unknown)}; VoterSpec takes "
+                             f"{[f.name for f in dataclasses.fields(VoterSpec)]}")
+        voters.append(VoterSpec(**v))
+    # Voters started by the run itself (local servers): their URLs change between runs, so they
+    # never enter the config; the router's records of them are keyed by their stable names.
+    voters.extend(VoterSpec(**dict(v)) for v in extra_voters)
+    router = Router([s.name for s in pool], profiles, voters, k=config.rescue.k,
+                    aggregation=get("aggregation", "borda"), profile_weight=get("profile_weight", 0.5),
+                    explore=get("explore", 0.2), voter_prior=tuple(get("voter_prior", (1.0, 1.0))),
+                    decay=get("decay", 0.9), reanchor_every=get("reanchor_every", 0),
+                    online=get("online", True), deadline_s=get("deadline_s", None))
+    return HarnessSRescuer(pool, router)

@@ -1,0 +1,168 @@
+"""The GRPO update: one jit-compiled step from (train state, TrainBatch) to (train state, metrics).
+
+Inside the step, in order: success and rescue masking per group, advantages by the configured
+estimator (both on the whole batch, see `advantages.py`), the token weights of the loss and their
+global denominators, then forward/backward over micro-batches (`lax.scan`), each micro-batch
+contributing sum / global denominator so that the accumulated gradient equals the full-batch one,
+and finally the optimizer update. The math of the loss lives in `losses.py`.
+"""
+import functools
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from hsjax.rl.advantages import get_advantage, group_sum, rescue_mask, safe_div, success
+from hsjax.rl.batch import TrainBatch
+from hsjax.rl.losses import LossConfig, aggregate, policy_loss_terms, target_mask, token_logp
+from hsjax.models.model import forward
+from hsjax.rl.optim import Optimizer
+
+
+@struct.dataclass
+class TrainState:
+    """Everything an update changes; checkpointed as a whole."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+
+
+def init_train_state(params, optimizer: Optimizer, rng: jax.Array) -> TrainState:
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.tx.init(params), rng=rng)
+
+
+def group_terms(batch: TrainBatch, loss_cfg: LossConfig) -> Dict[str, Any]:
+    """Per-row advantages, active slots, final token weights and group statistics of a batch."""
+    success_B = success(batch.reward_B, batch.valid_B, loss_cfg.success_threshold)
+    active_B, stats = rescue_mask(success_B, batch.valid_B, batch.is_rescue_B, batch.group_B,
+                                  batch.num_groups)
+    baseline_B = active_B
+    if loss_cfg.rescue_baseline == "with_base":
+        rescued_G = group_sum((active_B & batch.is_rescue_B).astype(jnp.int32), batch.group_B,
+                              batch.num_groups) > 0
+        failed_base_B = batch.valid_B & ~batch.is_rescue_B & rescued_G[batch.group_B]
+        baseline_B = active_B | failed_base_B
+    advantage_B = get_advantage(loss_cfg.advantage)(batch.reward_B, batch.group_B, baseline_B,
+                                                    batch.num_groups)
+    advantage_B = jnp.where(active_B, advantage_B, 0.0)
+    mask_BxT = target_mask(batch.loss_mask_BxT, batch.segment_ids_BxT) & active_B[:, None]
+    valid_f = jnp.sum(batch.valid_B.astype(jnp.float32))
+    overlong_f = jnp.sum(batch.overlong_B.astype(jnp.float32))
+    stats.update({
+        "advantage/nonzero_frac": safe_div(
+            jnp.sum(((advantage_B != 0) & batch.valid_B).astype(jnp.float32)), valid_f),
+        "batch/active_frac": safe_div(jnp.sum(active_B.astype(jnp.float32)), valid_f),
+        "batch/valid_frac": valid_f / batch.valid_B.shape[0],
+        "batch/overlong_frac": safe_div(overlong_f, valid_f + overlong_f),
+        "tokens/trained": jnp.sum(mask_BxT.astype(jnp.float32)),
+    })
+    return dict(advantage_B=advantage_B, active_B=active_B, mask_BxT=mask_BxT, stats=stats)
+
+
+def _micro_loss(params, rows, *, cfg, loss_cfg: LossConfig, pg_denominator):
+    """Loss of one micro-batch, normalised by the whole batch's denominator, and its terms."""
+    logits_BxTxV, _ = forward(cfg, params, rows["tokens_BxT"], rows["positions_BxT"],
+                              segment_ids_BxT=rows["segment_ids_BxT"])
+    logp_BxT, entropy_BxT = token_logp(logits_BxTxV, rows["tokens_BxT"], loss_cfg.temperature)
+    terms, extrema = policy_loss_terms(
+        logp_BxT, rows["old_logp_BxT"], rows["advantage_B"], rows["mask_BxT"],
+        rows["recontext_B"], loss_cfg, ref_logp_BxT=rows.get("ref_logp_BxT"),
+        entropy_BxT=entropy_BxT)
+    objective = terms["loss/pg"][0]
+    if "loss/kl" in terms and loss_cfg.beta > 0:
+        objective = objective + loss_cfg.beta * terms["loss/kl"][0]
+    return safe_div(objective, pg_denominator), (terms, extrema)
+
+
+def _split_micro(x, num_micro_batches):
+    """[B, ...] -> [M, B/M, ...], micro-batch i holding rows i, i + M, ... (strided, so a batch
+    sharded over B keeps every micro-batch spread across the same devices)."""
+    b = x.shape[0]
+    return jnp.moveaxis(x.reshape(b // num_micro_batches, num_micro_batches, *x.shape[1:]), 1, 0)
+
+
+def compute_grads(params, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
+                  num_micro_batches: int = 1):
+    """Gradient of the batch loss w.r.t. params and the metrics of the batch (no optimizer)."""
+    B = batch.tokens_BxT.shape[0]
+    if B % num_micro_batches:
+        raise ValueError(f"batch of {B} rows does not split into num_micro_batches="
+                         f"{num_micro_batches}; pick a divisor of G * (n + R)")
+    if loss_cfg.beta > 0 and batch.ref_logp_BxT is None:
+        raise ValueError("loss_cfg.beta > 0 needs batch.ref_logp_BxT (reference-policy logp per "
+                         "token); compute it in the loop or set beta=0")
+    groups = group_terms(batch, loss_cfg)
+    pg_denominator = aggregate(jnp.zeros(groups["mask_BxT"].shape), groups["mask_BxT"],
+                               loss_cfg.aggregation)[1]
+    rows = dict(tokens_BxT=batch.tokens_BxT, positions_BxT=batch.positions_BxT,
+                segment_ids_BxT=batch.segment_ids_BxT, old_logp_BxT=batch.old_logp_BxT,
+                advantage_B=groups["advantage_B"], mask_BxT=groups["mask_BxT"],
+                recontext_B=batch.recontext_B)
+    if batch.ref_logp_BxT is not None:
+        rows["ref_logp_BxT"] = batch.ref_logp_BxT
+    grad_fn = jax.grad(functools.partial(_micro_loss, cfg=cfg, loss_cfg=loss_cfg,
+                                         pg_denominator=pg_denominator), has_aux=True)
+
+    if num_micro_batches == 1:
+        grads, (terms, extrema) = grad_fn(params, rows)
+    else:
+        micro_rows = jax.tree.map(lambda x: _split_micro(x, num_micro_batches), rows)
+        first = jax.tree.map(lambda x: x[0], micro_rows)
+        zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+        grads_shape, (terms_shape, extrema_shape) = jax.eval_shape(grad_fn, params, first)
+        carry0 = (zeros(grads_shape), zeros(terms_shape),
+                  {k: jnp.full((), -jnp.inf if k.endswith("max") else jnp.inf)
+                   for k in extrema_shape})
+
+        def body(carry, mb_rows):
+            acc_grads, acc_terms, acc_ext = carry
+            g, (t, e) = grad_fn(params, mb_rows)
+            acc_grads = jax.tree.map(jnp.add, acc_grads, g)
+            acc_terms = jax.tree.map(jnp.add, acc_terms, t)
+            acc_ext = {k: (jnp.maximum if k.endswith("max") else jnp.minimum)(acc_ext[k], e[k])
+                       for k in acc_ext}
+            return (acc_grads, acc_terms, acc_ext), None
+
+        (grads, terms, extrema), _ = jax.lax.scan(body, carry0, micro_rows)
+
+    metrics = dict(groups["stats"])
+    for name, (total, denominator) in terms.items():
+        metrics[name] = safe_div(total, denominator)
+    for name, value in extrema.items():
+        metrics[name] = jnp.where(jnp.isfinite(value), value, 0.0)
+    metrics["loss/total"] = metrics["loss/pg"] + loss_cfg.beta * metrics.get("loss/kl", 0.0)
+    return grads, metrics
+
+
+def train_step(state: TrainState, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
+               optimizer: Optimizer, num_micro_batches: int = 1):
+    """One GRPO update; pure. Returns the new state and a dict of scalar metrics."""
+    grads, metrics = compute_grads(state.params, batch, cfg=cfg, loss_cfg=loss_cfg,
+                                   num_micro_batches=num_micro_batches)
+    updates, opt_state = optimizer.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    rng, _ = jax.random.split(state.rng)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics["lr"] = jnp.asarray(optimizer.lr_schedule(state.step), jnp.float32)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, rng=rng)
+    return new_state, metrics
+
+
+def jit_train_step(cfg, loss_cfg: LossConfig, optimizer: Optimizer, *, num_micro_batches: int = 1,
+                   state_sharding: Optional[Any] = None, batch_sharding: Optional[Any] = None):
+    """`train_step` jit-compiled with the state donated; `fn(state, batch) -> (state, metrics)`.
+
+    Under a mesh, pass the shardings of the state and of the batch (pytrees of `NamedSharding`
+    matching them, e.g. from `hsjax.infra.sharding`); the new state keeps `state_sharding`.
+    """
+    step = functools.partial(train_step, cfg=cfg, loss_cfg=loss_cfg, optimizer=optimizer,
+                             num_micro_batches=num_micro_batches)
+    if state_sharding is None and batch_sharding is None:
+        return jax.jit(step, donate_argnums=0)
+    return jax.jit(step, donate_argnums=0, in_shardings=(state_sharding, batch_sharding),
+                   out_shardings=(state_sharding, None))

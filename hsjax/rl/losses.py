@@ -1,0 +1,169 @@
+"""Token log-probabilities and the clipped policy loss of the GRPO update, as pure functions.
+
+Alignment, decided once for the whole trainer: every `_BxT` array is aligned with `tokens_BxT`.
+`loss_mask_BxT[b, t]` says whether token t is trained, `old_logp_BxT[b, t]` is the sampler's log
+probability of token t, and `token_logp` returns the current policy's log probability of token t,
+read from the logits at t - 1. That shift happens here and nowhere else; position 0 of a row and the
+first token of each packed segment have no prediction and are never trained (`target_mask`).
+
+Losses come back as (sum, denominator) pairs: the loss of a batch split into micro-batches is the
+sum of the micro-batch sums over the sum of their denominators, exactly the full-batch value.
+"""
+import dataclasses
+from typing import Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from hsjax.rl.advantages import get_advantage
+
+AGGREGATIONS = ("token_mean", "sequence_mean")
+RESCUE_BASELINES = ("rescue", "with_base")
+SumDen = Tuple[jax.Array, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Options of the GRPO loss (frozen, hashable: it is static under jit).
+
+    advantage:          registered estimator name (`grpo`, `drgrpo`, `rloo`; see advantages.py)
+    success_threshold:  reward at or above which a trajectory counts as a success
+    eps_low, eps_high:  asymmetric PPO clip range [1 - eps_low, 1 + eps_high] (clip-higher)
+    aggregation:        `token_mean` (every trained token weighs the same) or `sequence_mean`
+                        (mean over each row's tokens, then over rows)
+    beta:               weight of the k3 KL estimate to `ref_logp_BxT` (0 disables it)
+    temperature:        the sampler's temperature; logp is taken of softmax(logits / temperature)
+    rescue_baseline:    statistics of a rescued group's advantages: `rescue` (over its active rescue
+                        slots only: a rescue whose every slot succeeded gives no signal) or
+                        `with_base` (over the rescue slots and the group's failed base slots, which
+                        stay masked from the loss: each rescue success is credited against the
+                        failures it replaced)
+    is_cap:             cap c of the truncated importance weight on re-contextualised rescue rows
+                        (`rescue_context='base'`, rows with `recontext_B`): w = min(pi_old(base) /
+                        mu(sibling), c)
+    """
+
+    advantage: str = "grpo"
+    success_threshold: float = 1.0
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    aggregation: str = "token_mean"
+    beta: float = 0.0
+    temperature: float = 1.0
+    is_cap: float = 2.0
+    rescue_baseline: str = "rescue"
+
+    def __post_init__(self):
+        get_advantage(self.advantage)  # Raises with the list of known estimators.
+        if self.rescue_baseline not in RESCUE_BASELINES:
+            raise ValueError(f"rescue_baseline {self.rescue_baseline!r} is not one of {RESCUE_BASELINES}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"loss aggregation {self.aggregation!r} is not one of {AGGREGATIONS}")
+        if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
+            raise ValueError(f"clip range needs 0 <= eps_low < 1 and eps_high >= 0, "
+                             f"got eps_low={self.eps_low}, eps_high={self.eps_high}")
+        if self.temperature <= 0 or self.is_cap <= 0 or self.beta < 0:
+            raise ValueError("temperature and is_cap must be > 0 and beta >= 0, got "
+                             f"{self.temperature}, {self.is_cap}, {self.beta}")
+
+
+def token_logp(
+    logits_BxTxV: jax.Array, tokens_BxT: jax.Array, temperature: float = 1.0
+) -> Tuple[jax.Array, jax.Array]:
+    """Log probability and entropy of each token under the logits at the previous position.
+
+    Returns `(logp_BxT, entropy_BxT)` aligned with `tokens_BxT`; column 0 is 0 (no prediction).
+    Entropy is the full-distribution entropy of the prediction of token t, under stop_gradient.
+    """
+    logits_BxTxV = logits_BxTxV.astype(jnp.float32)
+    if temperature != 1.0:
+        logits_BxTxV = logits_BxTxV / temperature
+    # Work on all T positions and shift the small [B, T] results, not the [B, T, V] logits.
+    next_BxT = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, 1)))
+    lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+    target_BxT = jnp.take_along_axis(logits_BxTxV, next_BxT[..., None], axis=-1)[..., 0]
+    logits_sg_BxTxV, lse_sg_BxT = jax.lax.stop_gradient((logits_BxTxV, lse_BxT))
+    probs_BxTxV = jnp.exp(logits_sg_BxTxV - lse_sg_BxT[..., None])
+    entropy_BxT = lse_sg_BxT - jnp.sum(probs_BxTxV * logits_sg_BxTxV, axis=-1)
+    shift = lambda x_BxT: jnp.pad(x_BxT[:, :-1], ((0, 0), (1, 0)))
+    return shift(target_BxT - lse_BxT), shift(entropy_BxT)
+
+
+def target_mask(loss_mask_BxT: jax.Array, segment_ids_BxT: jax.Array) -> jax.Array:
+    """Tokens that can be trained: loss mask set, and predicted from a token of the same segment."""
+    same_segment_BxT = segment_ids_BxT[:, 1:] == segment_ids_BxT[:, :-1]
+    predicted_BxT = jnp.pad(same_segment_BxT & (segment_ids_BxT[:, 1:] > 0), ((0, 0), (1, 0)))
+    return loss_mask_BxT.astype(bool) & predicted_BxT
+
+
+def aggregate(x_BxT: jax.Array, mask_BxT: jax.Array, mode: str) -> SumDen:
+    """(sum, denominator) of `x` over the masked tokens, for `token_mean` or `sequence_mean`."""
+    mask_BxT = mask_BxT.astype(jnp.float32)
+    total_BxT = jnp.where(mask_BxT > 0, x_BxT, 0.0) * mask_BxT
+    if mode == "token_mean":
+        return jnp.sum(total_BxT), jnp.sum(mask_BxT)
+    if mode == "sequence_mean":
+        tokens_B = jnp.sum(mask_BxT, axis=-1)
+        row_mean_B = jnp.sum(total_BxT, axis=-1) / jnp.maximum(tokens_B, 1.0)
+        return jnp.sum(row_mean_B), jnp.sum((tokens_B > 0).astype(jnp.float32))
+    raise ValueError(f"loss aggregation {mode!r} is not one of {AGGREGATIONS}")
+
+
+def policy_loss_terms(
+    logp_BxT: jax.Array,
+    old_logp_BxT: jax.Array,
+    advantage_B: jax.Array,
+    mask_BxT: jax.Array,
+    recontext_B: jax.Array,
+    cfg: LossConfig,
+    ref_logp_BxT: Optional[jax.Array] = None,
+    entropy_BxT: Optional[jax.Array] = None,
+) -> Tuple[Dict[str, SumDen], Dict[str, jax.Array]]:
+    """Clipped policy-gradient loss, KL and diagnostics as (sum, denominator) pairs.
+
+    `mask_BxT` is the final token weight (loss mask, target mask and active slots already applied).
+    Ordinary rows: ratio = exp(logp - old_logp), loss = max(-A ratio, -A clip(ratio)) per token.
+    Rows with `recontext_B` (rescue actions re-rendered into the base harness context; their
+    `old_logp` is the sampler's logp in the sibling context where they were generated): the PPO
+    anchor is the current policy in the base context, stop_gradient(logp) -- exact for the one
+    update per rollout batch that hsjax does -- and the loss is multiplied by the truncated
+    importance weight w = min(exp(stop_gradient(logp) - old_logp), is_cap). docs/training.md derives it.
+
+    Returns `(terms, extrema)`: `terms` maps `loss/pg`, `loss/kl` (only with a reference),
+    `entropy`, `pg_clipfrac`, `ratio/mean`, `is_weight/mean` to (sum, denominator); `loss/pg` and
+    `loss/kl` use `cfg.aggregation`, the diagnostics are token means. `extrema` holds `ratio/max`
+    and `ratio/min` over the masked tokens.
+    """
+    mask_BxT = mask_BxT.astype(bool)
+    recontext_BxT = recontext_B.astype(bool)[:, None] & mask_BxT
+    anchor_BxT = jnp.where(recontext_BxT, jax.lax.stop_gradient(logp_BxT), old_logp_BxT)
+    # Masked tokens get log-ratio 0 before exp, so no inf/NaN can reach the gradient from them.
+    ratio_BxT = jnp.exp(jnp.where(mask_BxT, logp_BxT - anchor_BxT, 0.0))
+    behaviour_gap_BxT = jnp.where(recontext_BxT, jax.lax.stop_gradient(logp_BxT) - old_logp_BxT, 0.0)
+    weight_BxT = jnp.where(recontext_BxT, jnp.minimum(jnp.exp(behaviour_gap_BxT), cfg.is_cap), 1.0)
+
+    adv_Bx1 = advantage_B.astype(jnp.float32)[:, None]
+    clipped_ratio_BxT = jnp.clip(ratio_BxT, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    unclipped_BxT = -adv_Bx1 * ratio_BxT
+    clipped_BxT = -adv_Bx1 * clipped_ratio_BxT
+    pg_BxT = weight_BxT * jnp.maximum(unclipped_BxT, clipped_BxT)
+
+    token_mean = lambda x_BxT, m_BxT=mask_BxT: aggregate(x_BxT, m_BxT, "token_mean")
+    terms = {
+        "loss/pg": aggregate(pg_BxT, mask_BxT, cfg.aggregation),
+        "pg_clipfrac": token_mean((clipped_BxT > unclipped_BxT).astype(jnp.float32)),
+        "ratio/mean": token_mean(jax.lax.stop_gradient(ratio_BxT)),
+        "is_weight/mean": token_mean(weight_BxT, recontext_BxT),
+    }
+    if ref_logp_BxT is not None:
+        # k3 estimator of KL(pi || ref): exp(d) - d - 1 with d = ref - logp; >= 0, unbiased.
+        diff_BxT = jnp.where(mask_BxT, ref_logp_BxT - logp_BxT, 0.0)
+        terms["loss/kl"] = aggregate(jnp.exp(diff_BxT) - diff_BxT - 1.0, mask_BxT, cfg.aggregation)
+    if entropy_BxT is not None:
+        terms["entropy"] = token_mean(entropy_BxT)
+    ratio_sg_BxT = jax.lax.stop_gradient(ratio_BxT)
+    extrema = {
+        "ratio/max": jnp.max(jnp.where(mask_BxT, ratio_sg_BxT, -jnp.inf)),
+        "ratio/min": jnp.min(jnp.where(mask_BxT, ratio_sg_BxT, jnp.inf)),
+    }
+    return terms, extrema

@@ -1,0 +1,108 @@
+"""End-to-end training through `run.py`: the smoke run, and exact resume after a SIGKILL."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from hsjax.infra import checkpoint as ckpt_lib
+from hsjax.infra.metrics import read_metrics
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# Timings and throughput differ between runs; everything else must be identical.
+NONDETERMINISTIC = ("time/", "tokens/per_s", "router/latency")
+
+
+def train_command(workdir, total_steps, *extra, arg="smoke"):
+    return [sys.executable, str(REPO / "run.py"), "--config", str(REPO / "experiments/dbbench.py") + ":" + arg,
+            f"--config.total_steps={total_steps}", "--config.eval.limit=2", "--config.data.limit=8",
+            "--config.rollout.max_new_tokens=16", f"--workdir={workdir}", *extra]
+
+
+def env():
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+
+
+def run(workdir, total_steps, *extra, arg="smoke"):
+    proc = subprocess.run(train_command(workdir, total_steps, *extra, arg=arg), env=env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def comparable(rows):
+    return [{k: v for k, v in row.items() if not k.startswith(NONDETERMINISTIC)} for row in rows]
+
+
+def final_params(workdir):
+    params = ckpt_lib.load_params(pathlib.Path(workdir) / "checkpoints")
+    return {jax_path: np.asarray(leaf) for jax_path, leaf in _flatten(params)}
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _flatten(value, f"{prefix}/{key}")
+    else:
+        yield prefix, tree
+
+
+def kill_after_checkpoint(workdir, total_steps, step, arg):
+    """Starts a run and SIGKILLs it as soon as the checkpoint of `step` is complete."""
+    proc = subprocess.Popen(train_command(workdir, total_steps, arg=arg), env=env(), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    manifest = pathlib.Path(workdir) / "checkpoints" / str(step) / "hsjax_manifest.json"
+    deadline = time.monotonic() + 600
+    while not manifest.exists():
+        assert proc.poll() is None, "the run ended before writing the checkpoint it was to be killed after"
+        assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def decisions(workdir):
+    rows = [json.loads(line) for line in (pathlib.Path(workdir) / "router_decisions.jsonl").open()]
+    return [{k: v for k, v in row.items() if k != "latency_s"} for row in rows]
+
+
+def test_smoke_trains_evaluates_checkpoints_and_extends(tmp_path):
+    workdir = tmp_path / "smoke"
+    run(workdir, 4)
+    rows = read_metrics(workdir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all("loss/pg" in r and "reward/mean" in r and "rescue/triggered_frac" in r for r in rows)
+    assert "eval/standard_heldout/base/success" in rows[1]
+    assert json.loads((workdir / "config.json").read_text())["mode"] == "train"
+    assert (workdir / "eval" / "standard_heldout_step000002.json").exists()
+    assert list((workdir / "tb").iterdir())
+    assert (workdir / "episodes" / "step_000002.jsonl").exists()
+    assert ckpt_lib.Checkpointer(workdir / "checkpoints").all_steps()[-1] == 4
+    # A rerun with a larger total_steps continues where the run stopped.
+    run(workdir, 5)
+    assert [r["step"] for r in read_metrics(workdir)] == [1, 2, 3, 4, 5]
+
+
+def test_harness_s_resumes_exactly_after_sigkill(tmp_path):
+    """Rescue through the router with two local voter servers, re-anchoring every 2 steps."""
+    straight = tmp_path / "straight"
+    run(straight, 4, arg="smoke_harness_s")
+    rows = read_metrics(straight)
+    assert all(r["router/decisions"] > 0 for r in rows)
+    assert rows[-1]["router/total/reanchors"] >= 1
+    assert rows[-1]["router/total/voter/ok"] > 0  # the rule voter answered
+
+    # Killed mid-run after the step-2 checkpoint, then resumed: the same parameters, metrics and
+    # router decisions (the router's profiles and voter records come back from the checkpoint).
+    resumed = tmp_path / "resumed"
+    kill_after_checkpoint(resumed, 4, step=2, arg="smoke_harness_s")
+    run(resumed, 4, arg="smoke_harness_s")
+    assert comparable(read_metrics(resumed)) == comparable(rows)
+    assert decisions(resumed) == decisions(straight)
+    a, b = final_params(straight), final_params(resumed)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)

@@ -1,0 +1,168 @@
+"""SFT mode: streams laid out as the rollout engine lays them out, an exact shared-prefix loss, and a
+short run that lowers the loss and writes a loadable HF directory."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from harness_envs import harness as hz
+from harness_envs.dbbench.env import DBBenchEpisode
+from harness_envs.dbbench.sqlite_backend import SQLiteBackend
+from harness_envs.synth.expert import ScriptedExpert
+from harness_envs.synth.tasks import by_type, make_tasks
+from hsjax.studies.testbed import warmstart as sft
+from hsjax.models import forward, get_preset, init_params, load_pretrained
+from hsjax.models.tokenizer import build_tiny_tokenizer
+from hsjax.rollout.policy import SamplingParams, ScriptedTokenPolicy
+from hsjax.rollout.engine import collect
+
+from experiments import testbed
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def expert_run(tokenizer):
+    """Expert conversations in all three styles (the premature one has three turns)."""
+    tasks = by_type(make_tasks("synth_train", 40, seed=5), 1)
+    styles = {"counting": "format_slip", "UPDATE": "format_slip", "other": "premature_answer",
+              "INSERT": "premature_answer"}
+    harness = {"format_slip": "lenient_parse", "premature_answer": "verify_answer"}
+    pool = {"base": hz.BASE, "lenient_parse": hz.BASE.with_knobs(name="lenient_parse", parse_mode="lenient"),
+            "verify_answer": hz.BASE.with_knobs(name="verify_answer", verify_before_answer=True)}
+    backend = SQLiteBackend()
+    episodes = [DBBenchEpisode(t, pool[harness.get(styles.get(t.type), "base")], backend) for t in tasks]
+    recorder = sft.RecordingChatPolicy(ScriptedExpert(styles))
+    trajs = collect(episodes, recorder, SamplingParams())
+    assert all(t.result["success"] for t in trajs)
+    eos = sft.end_of_turn_id(tokenizer)
+    segments = [sft.render_segments(tokenizer, recorder.turns[ep.info["episode_id"]], eos) for ep in episodes]
+    return tasks, pool, styles, harness, recorder, episodes, segments
+
+
+def test_streams_equal_the_rollout_engine_streams(tokenizer, expert_run):
+    tasks, pool, styles, harness, recorder, episodes, segments = expert_run
+    replies = {}  # prompt ids -> reply ids, read off the rendered streams
+    for segs in segments:
+        for seg in segs:
+            starts = np.nonzero(np.diff(np.r_[0, seg.loss_mask]) == 1)[0]
+            ends = np.nonzero(np.diff(np.r_[seg.loss_mask, 0]) == -1)[0] + 1
+            for s, e in zip(starts, ends):
+                replies[tuple(seg.tokens[:s].tolist())] = seg.tokens[s:e].tolist()
+    policy = ScriptedTokenPolicy(lambda prompt: replies[tuple(prompt)], tokenizer=tokenizer,
+                                 eos_id=sft.end_of_turn_id(tokenizer))
+    backend = SQLiteBackend()
+    again = [DBBenchEpisode(ep.task, ep.spec, backend) for ep in episodes]
+    trajs = collect(again, policy, SamplingParams(max_new_tokens=256))
+    assert all(t.result["success"] for t in trajs)
+    for traj, segs in zip(trajs, segments):
+        assert len(traj.segments) == len(segs) == 1
+        np.testing.assert_array_equal(traj.segments[0].tokens, segs[0].tokens)
+        np.testing.assert_array_equal(traj.segments[0].loss_mask, segs[0].loss_mask)
+
+
+def test_loss_mask_covers_exactly_the_replies(tokenizer, expert_run):
+    *_, recorder, episodes, segments = expert_run
+    for ep, segs in zip(episodes, segments):
+        (seg,) = segs
+        replies = [reply for _, reply in recorder.turns[ep.info["episode_id"]]]
+        trained = tokenizer.decode(seg.tokens[seg.loss_mask == 1].tolist(), skip_special_tokens=False)
+        assert trained == "".join(r + "<|im_end|>" for r in replies)
+        untrained = tokenizer.decode(seg.tokens[seg.loss_mask == 0].tolist(), skip_special_tokens=False)
+        assert "Ok." in untrained and ep.task.question in untrained  # prompt tokens: mask 0
+    assert {len(recorder.turns[ep.info["episode_id"]]) for ep in episodes} == {2, 3}
+
+
+def test_shared_prefix_loss_equals_full_rows(tokenizer, expert_run):
+    segments = [s for segs in expert_run[-1] for s in segs][:3]
+    cfg = get_preset("tiny", vocab_size=len(tokenizer), num_layers=1)
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    shared = sft.pack(segments, pad_id=0)
+    assert len(shared.prefix_P) > 400  # the instruction
+    full = sft.SFTData(shared.prefix_P[:0], *_unshare(shared))
+
+    def loss(data, p):
+        total, count = sft.sft_loss(p, jnp.asarray(data.prefix_P), jnp.asarray(data.tokens_NxU),
+                                    jnp.asarray(data.mask_NxU), jnp.asarray(data.length_N), cfg=cfg)
+        return total / count
+
+    a, ga = jax.value_and_grad(lambda p: loss(shared, p))(params)
+    b, gb = jax.value_and_grad(lambda p: loss(full, p))(params)
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(x, y, rtol=2e-3, atol=2e-6)
+
+
+def _unshare(data):
+    p, n = len(data.prefix_P), len(data.length_N)
+    tokens = np.zeros((n, p + data.tokens_NxU.shape[1]), np.int32)
+    mask = np.zeros_like(tokens)
+    tokens[:, :p], tokens[:, p:], mask[:, p:] = data.prefix_P, data.tokens_NxU, data.mask_NxU
+    return tokens, mask, data.length_N + p
+
+
+def test_regime_plan_rejects_overlap():
+    c = testbed.get_config("sft")
+    c.regime.families_b = ("other",)
+    with pytest.raises(ValueError, match="both"):
+        sft.regime_plan(c)
+    assert sft.regime_plan(testbed.get_config("sft"))["UPDATE"] == ("schema_recovery", "schema_reminder")
+    assert sft.regime_plan(testbed.get_config("sft,format_slip"))["UPDATE"] == ("format_slip", "lenient_parse")
+
+
+def test_schema_recovery_regime_demonstrates_giving_up_under_base(tokenizer):
+    """Families B run under schema_reminder (recovering) and, for a stable share, under the base
+    harness (the expert gives up after the bare error); both kinds become streams."""
+    c = testbed.get_config("sft")
+    tasks = [t for t in make_tasks("synth_train", 200, seed=0) if t.type in c.regime.families_b][:40]
+    plan = sft.regime_plan(c)
+    harnesses = [sft.episode_harness(t, plan, c) for t in tasks]
+    assert harnesses == [sft.episode_harness(t, plan, c) for t in tasks]  # stable
+    share = harnesses.count("base") / len(harnesses)
+    assert 0.3 < share < 0.7 and set(harnesses) == {"base", "schema_reminder"}
+    pool = hz.load_pool(os.path.join(os.path.dirname(__file__), "..", "..", c.pool))
+    segments, records = sft.expert_streams(tasks, plan, pool, tokenizer, c, SQLiteBackend())
+    assert [r["harness"] for r in records] == harnesses and len(segments) == len(tasks)
+    with c.unlocked():
+        c.regime.b_base_share = 0.0
+    assert {sft.episode_harness(t, plan, c) for t in tasks} == {"schema_reminder"}
+
+
+def test_short_run_lowers_loss_and_saves_a_loadable_model(tmp_path, tokenizer):
+    c = testbed.get_config("sft,smoke")
+    c.model.overrides.num_layers = 1
+    c.sft.steps = 12
+    c.sft.batch_size = 4
+    c.sft.num_tasks = 8  # the same few streams again and again: the loss must fall
+    c.optim.learning_rate = 1e-2
+    c.eval.harnesses = ("base",)
+    c.eval.max_new_tokens = 8
+    workdir = str(tmp_path)
+    out = sft.main(c, workdir)
+
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert all("loss/sft" in r for r in rows)
+    assert rows[-1]["loss/sft"] < 0.7 * rows[0]["loss/sft"]
+
+    cfg, params, tok = load_pretrained(os.path.join(workdir, "hf"))
+    assert tok.get_vocab() == tokenizer.get_vocab()
+    from hsjax.infra.checkpoint import load_params
+
+    saved = load_params(workdir)
+    tokens = jnp.asarray([tokenizer.encode("Action: Operation\nSELECT 1")], jnp.int32)
+    pos = jnp.arange(tokens.shape[1])[None]
+    a, _ = forward(cfg, params, tokens, pos)
+    b, _ = forward(cfg, saved, tokens, pos)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    ev = json.load(open(os.path.join(workdir, "eval", "sft.json")))
+    assert set(ev["summary"]) == {"synth_heldout/greedy", "synth_train/greedy"}
+    assert set(ev["summary"]["synth_heldout/greedy"]["base"]["by_type"]) == set(testbed.FAMILIES_A + testbed.FAMILIES_B)
+    assert out["sft"]["steps"] == 12
