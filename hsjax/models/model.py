@@ -12,6 +12,13 @@ Parameter tree (layer weights stacked on a leading L axis and run with `lax.scan
     layers/gate_proj   LxDxF        layers/up_proj    LxDxF    layers/down_proj  LxFxD
     final_norm         D
     lm_head            DxV                                     (absent when tie_embeddings)
+
+One decoder block, `block`, serves every caller: `forward` (training, prefill and cached steps,
+under a `lax.scan` over the stacked layers) and `hsjax.models.decode.decode_step` (the sampler's
+one-token step over unstacked layers). Callers differ only in `attend_fn`, which stores the new
+keys/values where they keep them and attends, so a model flag can never reach one path and not the
+other (the PPO ratio divides trainer log-probs by sampler log-probs). `logits` (final norm + head)
+is shared the same way.
 """
 from __future__ import annotations
 
@@ -177,7 +184,8 @@ def forward(
         k_slots_S = jnp.arange(cache.pos_BxS.shape[1], dtype=jnp.int32)
         mask_BxTxS = causal_mask(positions_BxT, cache.pos_BxS, q_slots_T, k_slots_S)
 
-    layer = functools.partial(_layer, cfg, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache)
+    end = None if cache is None else cache.end
+    layer = functools.partial(_scan_layer, cfg, cos_BxTxH, sin_BxTxH, mask_BxTxS, end)
     if cfg.remat:
         layer = jax.checkpoint(layer)
     if cache is None:
@@ -187,15 +195,7 @@ def forward(
     layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
     (x_BxTxD, k_cache, v_cache), _ = jax.lax.scan(layer, carry, (params["layers"], layer_ids))
 
-    x_BxTxD = rms_norm(x_BxTxD, params["final_norm"].astype(dtype), cfg.rms_norm_eps)
-    if cfg.tie_embeddings:
-        logits_BxTxV = jnp.einsum(
-            "btd,vd->btv", x_BxTxD, params["embed"].astype(dtype), preferred_element_type=jnp.float32
-        )
-    else:
-        logits_BxTxV = jnp.einsum(
-            "btd,dv->btv", x_BxTxD, params["lm_head"].astype(dtype), preferred_element_type=jnp.float32
-        )
+    logits_BxTxV = logits(cfg, x_BxTxD, params["final_norm"], head_weight(cfg, params))
     if cache is not None:
         cache = cache.replace(k_LxBxSxKxH=k_cache, v_LxBxSxKxH=v_cache, end=cache.end + seq)
     return logits_BxTxV.astype(jnp.float32), cache
@@ -214,15 +214,51 @@ def _check_cache_room(cache: KVCache, batch: int, seq: int) -> None:
         )
 
 
-def _layer(cfg: ModelConfig, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache, carry, xs):
-    """One pre-norm decoder block; with a cache, writes this layer's new keys/values into it."""
+def _scan_layer(cfg: ModelConfig, cos_BxTxH, sin_BxTxH, mask_BxTxS, end, carry, xs):
+    """`forward`'s scan body: one layer's weights cast to the compute dtype, then `block`.
+
+    Without a cache (`end` None) attention sees only the T new keys/values; with one, it writes
+    them into this layer's slice of the stacked LxBxSxKxH cache carried through the scan.
+    """
     x_BxTxD, k_cache, v_cache = carry
     weights, layer_id = xs
     dtype = x_BxTxD.dtype
     p = jax.tree.map(lambda w: w.astype(dtype), weights)
-    eps = cfg.rms_norm_eps
+    if end is None:
+        attend_fn = functools.partial(_attend_uncached, cfg, mask_BxTxS)
+    else:
+        attend_fn = functools.partial(
+            _attend_stacked_cache, cfg, mask_BxTxS, k_cache, v_cache, layer_id, end
+        )
+    x_BxTxD, caches = block(cfg, p, x_BxTxD, cos_BxTxH, sin_BxTxH, attend_fn)
+    if end is not None:
+        k_cache, v_cache = caches
+    return (x_BxTxD, k_cache, v_cache), None
 
-    h_BxTxD = rms_norm(x_BxTxD, p["attn_norm"], eps)
+
+def _attend_uncached(cfg: ModelConfig, mask_BxTxS, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH):
+    """`attend_fn` without a cache: masked attention over the T new keys/values."""
+    return attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxS, cfg.attention_impl), None
+
+
+def _attend_stacked_cache(
+    cfg: ModelConfig, mask_BxTxS, k_cache, v_cache, layer_id, end, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH
+):
+    """`attend_fn` with the stacked cache: writes slots [end, end + T) of layer `layer_id` of the
+    LxBxSxKxH caches, then attends over that layer's S slots. Aux: the updated caches."""
+    dtype = q_BxTxNxH.dtype
+    start = (layer_id, 0, end, 0, 0)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k_BxTxKxH[None].astype(k_cache.dtype), start)
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v_BxTxKxH[None].astype(v_cache.dtype), start)
+    keys_BxSxKxH = jax.lax.dynamic_index_in_dim(k_cache, layer_id, keepdims=False).astype(dtype)
+    values_BxSxKxH = jax.lax.dynamic_index_in_dim(v_cache, layer_id, keepdims=False).astype(dtype)
+    attn_BxTxNxH = attend(q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS, cfg.attention_impl)
+    return attn_BxTxNxH, (k_cache, v_cache)
+
+
+def qkv(cfg: ModelConfig, p: dict, h_BxTxD, cos_BxTxH, sin_BxTxH):
+    """Queries, keys and values of the normed input: projections, optional bias, optional q/k
+    norm, then RoPE (values are not rotated). Returns (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)."""
     q_BxTxNxH = jnp.einsum("btd,dnh->btnh", h_BxTxD, p["q_proj"])
     k_BxTxKxH = jnp.einsum("btd,dkh->btkh", h_BxTxD, p["k_proj"])
     v_BxTxKxH = jnp.einsum("btd,dkh->btkh", h_BxTxD, p["v_proj"])
@@ -231,28 +267,52 @@ def _layer(cfg: ModelConfig, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache, carry, xs)
         k_BxTxKxH = k_BxTxKxH + p["k_bias"]
         v_BxTxKxH = v_BxTxKxH + p["v_bias"]
     if cfg.qk_norm:
-        q_BxTxNxH = rms_norm(q_BxTxNxH, p["q_norm"], eps)
-        k_BxTxKxH = rms_norm(k_BxTxKxH, p["k_norm"], eps)
+        q_BxTxNxH = rms_norm(q_BxTxNxH, p["q_norm"], cfg.rms_norm_eps)
+        k_BxTxKxH = rms_norm(k_BxTxKxH, p["k_norm"], cfg.rms_norm_eps)
     q_BxTxNxH = rope.apply_rope(q_BxTxNxH, cos_BxTxH, sin_BxTxH)
     k_BxTxKxH = rope.apply_rope(k_BxTxKxH, cos_BxTxH, sin_BxTxH)
+    return q_BxTxNxH, k_BxTxKxH, v_BxTxKxH
 
-    if cache is None:
-        keys_BxSxKxH, values_BxSxKxH = k_BxTxKxH, v_BxTxKxH
-    else:
-        start = (layer_id, 0, cache.end, 0, 0)
-        k_cache = jax.lax.dynamic_update_slice(k_cache, k_BxTxKxH[None].astype(k_cache.dtype), start)
-        v_cache = jax.lax.dynamic_update_slice(v_cache, v_BxTxKxH[None].astype(v_cache.dtype), start)
-        keys_BxSxKxH = jax.lax.dynamic_index_in_dim(k_cache, layer_id, keepdims=False).astype(dtype)
-        values_BxSxKxH = jax.lax.dynamic_index_in_dim(v_cache, layer_id, keepdims=False).astype(dtype)
 
-    attn_BxTxNxH = attend(q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS, cfg.attention_impl)
+def mlp(p: dict, h_BxTxD):
+    """SwiGLU: down(silu(gate(h)) * up(h))."""
+    gate_BxTxF = jax.nn.silu(jnp.einsum("btd,df->btf", h_BxTxD, p["gate_proj"]))
+    up_BxTxF = jnp.einsum("btd,df->btf", h_BxTxD, p["up_proj"])
+    return jnp.einsum("btf,fd->btd", gate_BxTxF * up_BxTxF, p["down_proj"])
+
+
+def block(cfg: ModelConfig, p: dict, x_BxTxD, cos_BxTxH, sin_BxTxH, attend_fn):
+    """One pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(x)). Returns (x_BxTxD, aux).
+
+    `p` holds one layer's weights (the per-layer slices of the stacked tree) in the compute
+    dtype. `attend_fn(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH) -> (attn_BxTxNxH, aux)` is where the caller
+    stores the new keys/values (or not) and attends; `aux` (e.g. the updated caches) is passed
+    through. Every path through the model runs this function, so they cannot drift apart.
+    """
+    eps = cfg.rms_norm_eps
+    h_BxTxD = rms_norm(x_BxTxD, p["attn_norm"], eps)
+    q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = qkv(cfg, p, h_BxTxD, cos_BxTxH, sin_BxTxH)
+    attn_BxTxNxH, aux = attend_fn(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
     out_BxTxD = jnp.einsum("btnh,nhd->btd", attn_BxTxNxH, p["o_proj"])
     if cfg.o_bias:
         out_BxTxD = out_BxTxD + p["o_bias"]
     x_BxTxD = x_BxTxD + out_BxTxD
+    x_BxTxD = x_BxTxD + mlp(p, rms_norm(x_BxTxD, p["mlp_norm"], eps))
+    return x_BxTxD, aux
 
-    h_BxTxD = rms_norm(x_BxTxD, p["mlp_norm"], eps)
-    gate_BxTxF = jax.nn.silu(jnp.einsum("btd,df->btf", h_BxTxD, p["gate_proj"]))
-    up_BxTxF = jnp.einsum("btd,df->btf", h_BxTxD, p["up_proj"])
-    x_BxTxD = x_BxTxD + jnp.einsum("btf,fd->btd", gate_BxTxF * up_BxTxF, p["down_proj"])
-    return (x_BxTxD, k_cache, v_cache), None
+
+def head_weight(cfg: ModelConfig, params: dict) -> jax.Array:
+    """The output projection: `embed` (VxD) when tied, else `lm_head` (DxV)."""
+    return params["embed"] if cfg.tie_embeddings else params["lm_head"]
+
+
+def logits(cfg: ModelConfig, x_BxTxD, final_norm_D, head):
+    """Final RMSNorm and the vocabulary projection: logits_BxTxV, float32.
+
+    `head` comes from `head_weight`. The weights are cast to the dtype of `x_BxTxD` (the compute
+    dtype), a no-op for the decode step's pre-cast weights.
+    """
+    dtype = x_BxTxD.dtype
+    x_BxTxD = rms_norm(x_BxTxD, final_norm_D.astype(dtype), cfg.rms_norm_eps)
+    spec = "btd,vd->btv" if cfg.tie_embeddings else "btd,dv->btv"
+    return jnp.einsum(spec, x_BxTxD, head.astype(dtype), preferred_element_type=jnp.float32)

@@ -1,9 +1,11 @@
 """Batched sampling with a KV cache: one jit-compiled program per bucketed shape.
 
-The program prefills the left-padded prompts (pad positions -1), samples the first token, then
-runs a `lax.while_loop` of one-token decode steps until every row has stopped or the longest
-request's budget is spent. Per-row sampling settings (temperature, top-p, top-k, greedy, max new
-tokens, stop sequences) are arrays, so changing them never recompiles.
+The program prefills the left-padded prompts (pad positions -1) with `forward`, samples the
+first token, then runs a `lax.while_loop` of one-token `hsjax.models.decode.decode_step`s until
+every row has stopped or the longest request's budget is spent. This module holds only the
+sampling math, the shape buckets and that loop; the model math lives in `hsjax.models`. Per-row
+sampling settings (temperature, top-p, top-k, greedy, max new tokens, stop sequences) are arrays,
+so changing them never recompiles.
 
 Logprob convention (what the trainer recomputes): for each generated token,
 `log_softmax(logits / T)` in float32 with T the row's temperature (1 for greedy), taken BEFORE
@@ -21,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hsjax.models import decode as decode_lib
 from hsjax.models import model as model_lib
-from hsjax.models import rope
 
 log = logging.getLogger(__name__)
 
@@ -110,85 +112,6 @@ def stop_hit(window_BxL, stops_BxNxL, stop_mask_BxNxL):
 # The compiled program
 
 
-def _decode_weights(cfg, params):
-    """Weights in the compute dtype with the layers split out of their stacked arrays.
-
-    The decode loop then reads each layer's weights where they lie; slicing the stacked arrays
-    inside the loop (as a layer `scan` does) copies every weight once per generated token.
-    """
-    dtype = jnp.dtype(cfg.dtype)
-    cast = lambda w: w.astype(dtype)  # noqa: E731
-    head = params["embed"] if cfg.tie_embeddings else params["lm_head"]
-    return {"embed": cast(params["embed"]), "final_norm": cast(params["final_norm"]),
-            "head": cast(head),
-            "layers": [jax.tree.map(lambda w: cast(w[i]), params["layers"])
-                       for i in range(cfg.num_layers)]}
-
-
-def _decode_step(cfg, weights, tok_B, pos_B, slot, k_caches, v_caches, kpos_BxS):
-    """One token per row through the decoder, with per-layer caches laid out BxKxSxH.
-
-    The same math as `hsjax.models.model.forward` with T=1 and a cache (the tests check the
-    sampler's logprobs against `forward`), but attention reads each layer's keys and values in
-    place: in the model's LxBxSxKxH cache layout XLA transposes the whole cache every step.
-    Writes the new keys/values at `slot`; returns (logits_BxV float32, k_caches, v_caches, kpos).
-    """
-    dtype = jnp.dtype(cfg.dtype)
-    eps = cfg.rms_norm_eps
-    batch, num_slots = kpos_BxS.shape
-    num_kv, head_dim = cfg.num_kv_heads, cfg.head_dim
-    group = cfg.num_heads // num_kv
-    kpos_BxS = jax.lax.dynamic_update_slice(kpos_BxS, pos_B[:, None], (0, slot))
-    mask_BxS = (kpos_BxS >= 0) & (jnp.arange(num_slots)[None, :] <= slot)
-    cos_Bx1xH, sin_Bx1xH = rope.cos_sin(pos_B[:, None], rope.inv_frequencies(cfg), dtype)
-    x_Bx1xD = weights["embed"][tok_B[:, None]]
-    new_k, new_v = [], []
-    for p, k_cache_BxKxSxH, v_cache_BxKxSxH in zip(weights["layers"], k_caches, v_caches):
-        h_Bx1xD = model_lib.rms_norm(x_Bx1xD, p["attn_norm"], eps)
-        q_Bx1xNxH = jnp.einsum("btd,dnh->btnh", h_Bx1xD, p["q_proj"])
-        k_Bx1xKxH = jnp.einsum("btd,dkh->btkh", h_Bx1xD, p["k_proj"])
-        v_Bx1xKxH = jnp.einsum("btd,dkh->btkh", h_Bx1xD, p["v_proj"])
-        if cfg.qkv_bias:
-            q_Bx1xNxH = q_Bx1xNxH + p["q_bias"]
-            k_Bx1xKxH = k_Bx1xKxH + p["k_bias"]
-            v_Bx1xKxH = v_Bx1xKxH + p["v_bias"]
-        if cfg.qk_norm:
-            q_Bx1xNxH = model_lib.rms_norm(q_Bx1xNxH, p["q_norm"], eps)
-            k_Bx1xKxH = model_lib.rms_norm(k_Bx1xKxH, p["k_norm"], eps)
-        q_Bx1xNxH = rope.apply_rope(q_Bx1xNxH, cos_Bx1xH, sin_Bx1xH)
-        k_Bx1xKxH = rope.apply_rope(k_Bx1xKxH, cos_Bx1xH, sin_Bx1xH)
-        k_cache_BxKxSxH = jax.lax.dynamic_update_slice(
-            k_cache_BxKxSxH, k_Bx1xKxH.transpose(0, 2, 1, 3).astype(k_cache_BxKxSxH.dtype),
-            (0, 0, slot, 0))
-        v_cache_BxKxSxH = jax.lax.dynamic_update_slice(
-            v_cache_BxKxSxH, v_Bx1xKxH.transpose(0, 2, 1, 3).astype(v_cache_BxKxSxH.dtype),
-            (0, 0, slot, 0))
-        new_k.append(k_cache_BxKxSxH)
-        new_v.append(v_cache_BxKxSxH)
-        q_BxKxGxH = q_Bx1xNxH.reshape(batch, num_kv, group, head_dim)
-        scores_BxKxGxS = jnp.einsum("bkgh,bksh->bkgs", q_BxKxGxH,
-                                    k_cache_BxKxSxH.astype(dtype),
-                                    preferred_element_type=jnp.float32) * head_dim**-0.5
-        scores_BxKxGxS = jnp.where(mask_BxS[:, None, None], scores_BxKxGxS, -1e30)
-        probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(dtype)
-        attn_BxKxGxH = jnp.einsum("bkgs,bksh->bkgh", probs_BxKxGxS,
-                                  v_cache_BxKxSxH.astype(dtype),
-                                  preferred_element_type=jnp.float32)
-        attn_Bx1xNxH = attn_BxKxGxH.reshape(batch, 1, cfg.num_heads, head_dim).astype(dtype)
-        out_Bx1xD = jnp.einsum("btnh,nhd->btd", attn_Bx1xNxH, p["o_proj"])
-        if cfg.o_bias:
-            out_Bx1xD = out_Bx1xD + p["o_bias"]
-        x_Bx1xD = x_Bx1xD + out_Bx1xD
-        h_Bx1xD = model_lib.rms_norm(x_Bx1xD, p["mlp_norm"], eps)
-        gate_Bx1xF = jax.nn.silu(jnp.einsum("btd,df->btf", h_Bx1xD, p["gate_proj"]))
-        up_Bx1xF = jnp.einsum("btd,df->btf", h_Bx1xD, p["up_proj"])
-        x_Bx1xD = x_Bx1xD + jnp.einsum("btf,fd->btd", gate_Bx1xF * up_Bx1xF, p["down_proj"])
-    x_BxD = model_lib.rms_norm(x_Bx1xD, weights["final_norm"], eps)[:, 0]
-    spec = "bd,vd->bv" if cfg.tie_embeddings else "bd,dv->bv"
-    logits_BxV = jnp.einsum(spec, x_BxD, weights["head"], preferred_element_type=jnp.float32)
-    return logits_BxV, tuple(new_k), tuple(new_v), kpos_BxS
-
-
 def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top_p_B, top_k_B,
                       greedy_B, max_new_B, stops_BxNxL, stop_mask_BxNxL, key, *, max_new: int,
                       pad_id: int):
@@ -200,9 +123,10 @@ def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top
                                  cache=cache)
     logits_Bx1xV, cache = model_lib.forward(cfg, params, tokens_BxP[:, -1:],
                                             positions_BxP[:, -1:], cache=cache)
-    weights = _decode_weights(cfg, params)
-    k_caches = tuple(cache.k_LxBxSxKxH[i].transpose(0, 2, 1, 3) for i in range(cfg.num_layers))
-    v_caches = tuple(cache.v_LxBxSxKxH[i].transpose(0, 2, 1, 3) for i in range(cfg.num_layers))
+    # The decode loop keeps its own layout (per-layer BxKxSxH caches, unstacked weights): see
+    # hsjax.models.decode for why. It runs the same decoder block as `forward`.
+    weights = decode_lib.decode_weights(cfg, params)
+    k_caches, v_caches = decode_lib.decode_caches(cache)
     window_len = stops_BxNxL.shape[-1]
 
     def cond(state):
@@ -225,7 +149,7 @@ def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top
         stopped_B = stopped_B | hit_B
         done_B = done_B | hit_B | (length_B >= max_new_B)
         pos_B = pos_B + 1
-        logits_BxV, k_caches, v_caches, kpos_BxS = _decode_step(
+        logits_BxV, k_caches, v_caches, kpos_BxS = decode_lib.decode_step(
             cfg, weights, tok_B, pos_B, prompt_len + i, k_caches, v_caches, kpos_BxS)
         return (i + 1, logits_BxV, done_B, pos_B, length_B, stopped_B, window_BxL, out_BxM,
                 lp_BxM, k_caches, v_caches, kpos_BxS)
