@@ -22,6 +22,16 @@ from typing import Any, Protocol, runtime_checkable
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 
+
+@runtime_checkable
+class Task(Protocol):
+    """What every benchmark's tasks carry: a stable id, a type (the unit of per-type scores and
+    profiles) and the task's statement in words (shown to LLM voters)."""
+
+    task_id: str
+    type: str
+    question: str
+
 ROLES = ("system", "user", "assistant")
 ABORT_CONTEXT_OVERFLOW = "context_overflow"
 

@@ -1,29 +1,32 @@
-"""Harness specs and the benchmark-independent behaviour their knobs drive.
+"""Harness specs, their knob schemas, repair directions and pools, and the generic knob behaviour.
 
 A `HarnessSpec` is plain data: a name, the harness it was derived from (`parent`), the repair
-`direction` it stands for, and `knobs` (only the values that differ from the defaults, which are the
-benchmark's published protocol). Specs round-trip through JSON, can be validated, diffed and derived.
+`direction` it stands for, and `knobs` (only the values that differ from the defaults). Specs
+round-trip through JSON and can be validated, diffed and derived. Every spec is read against the
+`KnobSchema` of its benchmark: the generic knobs below, which every benchmark shares, plus the
+benchmark's own (`harness_envs/<benchmark>/benchmark.py`). A benchmark may redefine a generic
+knob's default and allowed values (its instruction variants, say), never its type.
 
-The knob behaviour lives in small pure functions here (observation truncation and paging, context
-selection, answer normalization) and in each benchmark's harness module (instruction text, action
-parsing), e.g. `harness_envs/dbbench/harness.py`. `docs/dbbench.md` ("Harness knobs") documents them.
+A `Pool` is a base harness and its siblings, read from a pool file whose base is the one harness
+without a parent. A `Direction` names a failure mode and the knob subspace that could repair it.
+
+The generic behaviour lives in small pure functions here (observation truncation and paging,
+context selection); the rest (instruction text, action parsing) in each benchmark's harness module.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
-import math
 import pathlib
-import re
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 from harness_envs.base import Message
 
 
 @dataclasses.dataclass(frozen=True)
 class Knob:
-    """One knob of the schema: type, default, allowed values or range, and a one-line doc."""
+    """One knob: type, default, allowed values or range, a one-line doc, and optionally the knob
+    (and its values) that must be set for this one to act (`enabled_by`)."""
 
     type: type
     default: Any
@@ -32,6 +35,7 @@ class Knob:
     min: int | None = None
     max: int | None = None
     optional: bool = False  # None allowed
+    enabled_by: tuple[str, tuple] | None = None
 
     def check(self, name: str, value: Any) -> None:
         if value is None and self.optional:
@@ -48,66 +52,116 @@ class Knob:
         if self.max is not None and value > self.max:
             raise ValueError(f"knob {name!r}={value!r} is above its maximum {self.max}; {name}: {self.doc}")
 
+    @property
+    def free_text(self) -> bool:
+        """A string with no fixed choices (a hint line): proposed by an LLM, never enumerated."""
+        return self.type is str and self.choices is None
 
-KNOBS: dict[str, Knob] = {
-    "instruction": Knob(str, "agentbench", "instruction variant shown as the first user message",
-                        choices=("agentbench", "schema_first", "concise")),
-    "parse_mode": Knob(str, "strict", "strict: the published regexes; lenient: also repairs common format slips",
-                       choices=("strict", "lenient")),
+
+CONTEXT_MODES = ("all", "last_n", "compress")
+
+# Knobs every benchmark has. Their behaviour is generic (truncate, select_context below) or
+# implemented by each benchmark's episode with the same meaning.
+GENERIC_KNOBS: dict[str, Knob] = {
+    "instruction": Knob(str, "default", "instruction variant shown to the model; each benchmark names its "
+                                        "variants", choices=("default",)),
+    "parse_mode": Knob(str, "strict", "strict: the published action format; lenient: also repairs common "
+                                      "format slips", choices=("strict", "lenient")),
     "on_malformed": Knob(str, "fail", "on an unparseable reply: end the episode, or send format feedback",
                          choices=("fail", "retry")),
     "max_format_retries": Knob(int, 2, "format feedback messages per episode when on_malformed=retry",
-                               min=0, max=10),
+                               min=0, max=10, enabled_by=("on_malformed", ("retry",))),
     "obs_max_chars": Knob(int, 800, "observation length before it is cut and '[TRUNCATED]' appended",
                           min=50, max=100_000),
-    "obs_page_rows": Knob(int, 0, "0: off; else at most this many result rows per observation, the "
-                                  "same query again shows the next page", min=0, max=1000),
-    "schema_reminder_on_error": Knob(bool, False, "append the table schema to the observation of a failed statement"),
-    "context": Knob(str, "all", "context shown to the model: all turns, the last n, or older observations elided",
-                    choices=("all", "last_n", "compress")),
+    "context": Knob(str, "all", "context shown to the model: all turns, the last n, or older observations "
+                                "elided", choices=CONTEXT_MODES),
     "context_last_n": Knob(int, 4, "turns (reply + observation) kept intact by context=last_n/compress",
-                           min=1, max=100),
-    "max_rounds": Knob(int, 15, "statements executed before the episode ends on the turn limit", min=1, max=100),
-    "answer_normalization": Knob(str, "none", "applied to the final answer before scoring",
-                                 choices=("none", "strip", "numeric")),
-    "verify_before_answer": Knob(bool, False, "an answer given before any successful statement, or an empty "
-                                              "answer, gets one verification prompt instead of being accepted"),
+                           min=1, max=100, enabled_by=("context", ("last_n", "compress"))),
+    "max_rounds": Knob(int, 15, "actions executed before the episode ends on the turn limit", min=1, max=100),
+    "verify_before_answer": Knob(bool, False, "a final answer given before any successful action (or an empty "
+                                              "one) gets one verification prompt instead of being accepted"),
     "hint": Knob(str, None, "an extra hint line at the end of the instruction", optional=True),
 }
 
 
-def knob_defaults() -> dict[str, Any]:
-    return {name: k.default for name, k in KNOBS.items()}
+class KnobSchema(Mapping[str, Knob]):
+    """The knobs of one benchmark: `GENERIC_KNOBS` (possibly redefined) plus its own, by name."""
+
+    def __init__(self, benchmark: str, own: Mapping[str, Knob] = (), *,
+                 generic: Mapping[str, Knob] = GENERIC_KNOBS):
+        own = dict(own)
+        for name, knob in own.items():
+            if name in generic and knob.type is not generic[name].type:
+                raise TypeError(f"{benchmark}: knob {name!r} redefines a generic {generic[name].type.__name__} "
+                                f"knob as {knob.type.__name__}; a benchmark may change a generic knob's "
+                                "default and allowed values, not its type")
+        self.benchmark = benchmark
+        self._knobs = {**generic, **own}
+        for name, knob in self._knobs.items():
+            if knob.default is not None or not knob.optional:
+                knob.check(name, knob.default)
+            if knob.enabled_by is not None and knob.enabled_by[0] not in self._knobs:
+                raise ValueError(f"{benchmark}: knob {name!r} is enabled by {knob.enabled_by[0]!r}, not a knob")
+        self.generic = tuple(n for n in self._knobs if n in generic)
+        self.own = tuple(n for n in self._knobs if n not in generic)
+
+    def __getitem__(self, name: str) -> Knob:
+        if name not in self._knobs:
+            raise KeyError(f"unknown knob {name!r} for {self.benchmark}; known knobs: {sorted(self._knobs)}")
+        return self._knobs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._knobs)
+
+    def __len__(self) -> int:
+        return len(self._knobs)
+
+    def __repr__(self) -> str:
+        return f"KnobSchema({self.benchmark!r}, {len(self)} knobs)"
+
+    def defaults(self) -> dict[str, Any]:
+        return {name: k.default for name, k in self._knobs.items()}
+
+    def check(self, owner: str, knobs: Mapping[str, Any]) -> None:
+        unknown = sorted(set(knobs) - set(self._knobs))
+        if unknown:
+            raise ValueError(f"harness {owner!r}: unknown knob(s) {unknown} for {self.benchmark}; "
+                             f"known knobs: {sorted(self._knobs)}")
+        for name, value in knobs.items():
+            self._knobs[name].check(name, value)
+
+    def base(self, name: str = "base", doc: str = "", **knobs) -> "HarnessSpec":
+        """A root spec of this schema (no parent)."""
+        return HarnessSpec(name=name, knobs=knobs, doc=doc, schema=self).validate()
 
 
 @dataclasses.dataclass(frozen=True)
 class HarnessSpec:
-    """A harness as data. `knobs` holds only overrides of `KNOBS` defaults; read values with `knob()`."""
+    """A harness as data. `knobs` holds only overrides of the schema's defaults; read values with
+    `knob()`. `schema` is the benchmark's `KnobSchema`; it is not part of the JSON form."""
 
     name: str
     parent: str | None = None
     direction: str | None = None
     knobs: dict = dataclasses.field(default_factory=dict)
     doc: str = ""
+    schema: KnobSchema | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def validate(self) -> "HarnessSpec":
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"harness name must be a non-empty str, got {self.name!r}")
-        unknown = sorted(set(self.knobs) - set(KNOBS))
-        if unknown:
-            raise ValueError(f"harness {self.name!r}: unknown knob(s) {unknown}; known knobs: {sorted(KNOBS)}")
-        for name, value in self.knobs.items():
-            KNOBS[name].check(name, value)
+        if self.schema is None:
+            raise ValueError(f"harness {self.name!r} has no knob schema; build specs from a benchmark "
+                             "(benchmark.knobs.base(), load_pool(path, benchmark.knobs))")
+        self.schema.check(self.name, self.knobs)
         return self
 
     def knob(self, name: str) -> Any:
-        if name not in KNOBS:
-            raise KeyError(f"unknown knob {name!r}; known knobs: {sorted(KNOBS)}")
-        return self.knobs.get(name, KNOBS[name].default)
+        return self.knobs.get(name, self.schema[name].default)
 
     def resolved(self) -> dict[str, Any]:
         """Every knob's value, defaults filled in."""
-        return {**knob_defaults(), **self.knobs}
+        return {**self.schema.defaults(), **self.knobs}
 
     def with_knobs(self, *, name: str | None = None, direction: str | None = None, doc: str = "",
                    **changes) -> "HarnessSpec":
@@ -115,20 +169,21 @@ class HarnessSpec:
         if name is None:
             name = self.name + "+" + "+".join(f"{k}={v}" for k, v in sorted(changes.items()))
         knobs = {**self.knobs, **changes}
-        knobs = {k: v for k, v in knobs.items() if k not in KNOBS or v != KNOBS[k].default}
-        return HarnessSpec(name=name, parent=self.name, direction=direction, knobs=knobs, doc=doc).validate()
+        knobs = {k: v for k, v in knobs.items() if k not in self.schema or v != self.schema[k].default}
+        return HarnessSpec(name=name, parent=self.name, direction=direction, knobs=knobs, doc=doc,
+                           schema=self.schema).validate()
 
     def diff(self, other: "HarnessSpec") -> dict[str, tuple[Any, Any]]:
         """Knobs whose resolved values differ: {knob: (self value, other value)}."""
         a, b = self.resolved(), other.resolved()
-        return {k: (a[k], b[k]) for k in KNOBS if a[k] != b[k]}
+        return {k: (a[k], b[k]) for k in self.schema if a[k] != b[k]}
 
     def to_json(self) -> dict:
         return {"name": self.name, "parent": self.parent, "direction": self.direction,
                 "knobs": dict(sorted(self.knobs.items())), "doc": self.doc}
 
     @classmethod
-    def from_json(cls, data: dict | str) -> "HarnessSpec":
+    def from_json(cls, data: dict | str, schema: KnobSchema) -> "HarnessSpec":
         if isinstance(data, str):
             data = json.loads(data)
         allowed = {"name", "parent", "direction", "knobs", "doc"}
@@ -138,37 +193,97 @@ class HarnessSpec:
         if "name" not in data:
             raise ValueError(f"harness spec {data!r} has no 'name'")
         return cls(name=data["name"], parent=data.get("parent"), direction=data.get("direction"),
-                   knobs=dict(data.get("knobs") or {}), doc=data.get("doc", "")).validate()
+                   knobs=dict(data.get("knobs") or {}), doc=data.get("doc", ""), schema=schema).validate()
 
 
-BASE = HarnessSpec(name="base", doc="The benchmark's published protocol: every knob at its default.")
+@dataclasses.dataclass(frozen=True)
+class Direction:
+    """A repair direction: the failure mode it targets and the knobs that could repair it."""
+
+    name: str
+    failure_mode: str
+    knobs: tuple[str, ...]
+    doc: str
 
 
-def load_pool(path: str | pathlib.Path) -> dict[str, HarnessSpec]:
-    """Reads a pool file `{"harnesses": [spec, ...]}`; returns {name: spec} with `base` always present.
+# ---------------------------------------------------------------- pools
 
-    Every sibling must name an existing parent, so lineage stays inspectable.
-    """
+class Pool(Mapping[str, HarnessSpec]):
+    """A base harness and its siblings, by name (the base first). Read-only."""
+
+    def __init__(self, base: HarnessSpec, siblings=(), *, benchmark: str = "", doc: str = ""):
+        self.base, self.siblings = base, tuple(siblings)
+        self.benchmark, self.doc = benchmark or base.schema.benchmark, doc
+        self._specs: dict[str, HarnessSpec] = {}
+        for spec in (base, *self.siblings):
+            if spec.name in self._specs:
+                raise ValueError(f"pool: harness {spec.name!r} is defined twice")
+            if spec.schema is not base.schema:
+                raise ValueError(f"pool: harness {spec.name!r} has another knob schema than the base "
+                                 f"({spec.schema!r} vs {base.schema!r})")
+            self._specs[spec.name] = spec
+        if base.parent is not None:
+            raise ValueError(f"pool: the base harness {base.name!r} has a parent ({base.parent!r})")
+        for spec in self.siblings:
+            if spec.parent is None or spec.parent not in self._specs:
+                raise ValueError(f"pool: harness {spec.name!r} names parent {spec.parent!r}, not in the pool; "
+                                 "every sibling descends from a harness of the pool")
+
+    def __getitem__(self, name: str) -> HarnessSpec:
+        if name not in self._specs:
+            raise KeyError(f"harness {name!r} is not in the pool; known: {list(self._specs)}")
+        return self._specs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __repr__(self) -> str:
+        return f"Pool({self.benchmark!r}, base={self.base.name!r}, siblings={[s.name for s in self.siblings]})"
+
+    def select(self, names) -> list[HarnessSpec]:
+        """The specs of `names`, in that order; the error names every missing one."""
+        missing = [n for n in names if n not in self._specs]
+        if missing:
+            raise ValueError(f"harness(es) {missing} are not in the pool; known: {list(self._specs)}")
+        return [self._specs[n] for n in names]
+
+
+def load_pool(path: str | pathlib.Path, schema: KnobSchema) -> Pool:
+    """Reads a pool file `{"benchmark": ..., "harnesses": [spec, ...]}`: the one harness without a
+    parent is the base, every other names a parent in the pool, so lineage stays inspectable."""
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"harness pool {path} does not exist; see harness_envs/pools/ for examples")
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or not isinstance(data.get("harnesses"), list):
         raise ValueError(f"{path}: a pool file is an object with a list 'harnesses'")
-    pool = {"base": BASE}
-    for raw in data["harnesses"]:
-        spec = HarnessSpec.from_json(raw)
-        if spec.name in pool and spec != pool[spec.name]:
-            raise ValueError(f"{path}: harness {spec.name!r} defined twice (or redefines the base)")
-        pool[spec.name] = spec
-    for spec in pool.values():
-        if spec.parent is not None and spec.parent not in pool:
-            raise ValueError(f"{path}: harness {spec.name!r} names parent {spec.parent!r}, not in the pool")
-    return pool
+    benchmark = data.get("benchmark")
+    if benchmark != schema.benchmark:
+        raise ValueError(f"{path} is a pool of benchmark {benchmark!r}, not {schema.benchmark!r}; "
+                         "name a pool of the benchmark the run uses")
+    try:
+        specs = [HarnessSpec.from_json(raw, schema) for raw in data["harnesses"]]
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    roots = [s for s in specs if s.parent is None]
+    if len(roots) != 1:
+        raise ValueError(f"{path}: a pool has exactly one base harness (the one with \"parent\": null), "
+                         f"found {[s.name for s in roots] or 'none'}; add the base, e.g. "
+                         '{"name": "base", "parent": null, "knobs": {}}')
+    try:
+        return Pool(roots[0], [s for s in specs if s.parent is not None], benchmark=benchmark,
+                    doc=data.get("doc", ""))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
-def save_pool(path: str | pathlib.Path, specs: list[HarnessSpec], **extra) -> None:
-    payload = {**extra, "harnesses": [s.to_json() for s in specs if s.name != "base" or s != BASE]}
+def save_pool(path: str | pathlib.Path, base: HarnessSpec, siblings, **extra) -> None:
+    """Writes a pool file: the base first, then the siblings; `extra` fields (evidence) beside them."""
+    payload = {"benchmark": base.schema.benchmark, **extra,
+               "harnesses": [s.to_json() for s in (base, *siblings)]}
     pathlib.Path(path).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -178,7 +293,7 @@ TRUNCATION_MARK = "[TRUNCATED]"
 
 
 def truncate(text: str, max_chars: int) -> tuple[str, bool]:
-    """Cuts `text` at `max_chars` and appends the truncation mark (the published 800-char rule)."""
+    """Cuts `text` at `max_chars` and appends the truncation mark (AgentBench's 800-char rule)."""
     if len(text) > max_chars:
         return text[:max_chars] + TRUNCATION_MARK, True
     return text, False
@@ -224,66 +339,4 @@ def select_context(history: list[Message], prefix_len: int, mode: str, last_n: i
             else:
                 out.append(dict(m))
         return out
-    raise ValueError(f"context mode {mode!r} is not one of {KNOBS['context'].choices}")
-
-
-# ---------------------------------------------------------------- answers
-
-_QUOTES = "'`"
-
-
-def _clean_item(text: str) -> str:
-    """Strips whitespace and surrounding single quotes/backticks (copied from raw SQL results such as
-    `[('Vienna',)]`). Double quotes stay: gold answers may contain them (e.g. a quoted title)."""
-    prev = None
-    while prev != text:
-        prev = text
-        text = text.strip()
-        if len(text) >= 2 and text[0] == text[-1] and text[0] in _QUOTES:
-            text = text[1:-1]
-    return text
-
-
-_PLAIN_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)")
-
-
-def _canonical_number(text: str) -> str:
-    """'12' -> '12.0', '3.50' -> '3.5' (the labels' float style); other text unchanged."""
-    if _PLAIN_NUMBER.fullmatch(text) and len(text) <= 15:
-        value = float(text)
-        if math.isfinite(value):
-            return repr(value)
-    return text
-
-
-def answer_items(answer: str) -> list[str]:
-    """The answer as a list of strings, read the way the scorer reads it (a list literal, else one item)."""
-    text = answer.strip()
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return [answer]
-    if isinstance(value, (list, tuple, set)):
-        return [str(v) for v in value]
-    return [str(value)]
-
-
-def normalize_answer(answer: str | None, mode: str) -> str | None:
-    """none: unchanged. strip: each item loses surrounding whitespace, single quotes and backticks.
-    numeric: strip, then plain numbers in the labels' float style ('12' -> '12.0'). The result is a
-    JSON list of strings, which the scorer reads as the same list."""
-    if answer is None or mode == "none":
-        return answer
-    if mode not in KNOBS["answer_normalization"].choices:
-        raise ValueError(f"answer_normalization {mode!r} is not one of {KNOBS['answer_normalization'].choices}")
-    items = [_clean_item(x) for x in answer_items(answer)]
-    if mode == "numeric":
-        items = [_canonical_number(x) for x in items]
-    return json.dumps(items, ensure_ascii=False)
-
-
-def is_empty_answer(answer: str | None) -> bool:
-    """True for a missing answer, blank text, or an answer list whose items are all blank."""
-    if answer is None or not answer.strip():
-        return True
-    return all(not _clean_item(x).strip('"') for x in answer_items(answer))
+    raise ValueError(f"context mode {mode!r} is not one of {CONTEXT_MODES}")

@@ -177,20 +177,3 @@ class Backend(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-BACKEND_KINDS = ("sqlite", "mariadb")
-
-
-def make_backend(kind: str = "sqlite", **options) -> Backend:
-    """`sqlite` (options: time_budget_s, max_rows, max_bytes) or `mariadb` (options: url,
-    time_budget_s, max_rows, max_bytes, collation; without url a local server is started)."""
-    if kind == "sqlite":
-        from harness_envs.dbbench.sqlite_backend import SQLiteBackend
-
-        return SQLiteBackend(**options)
-    if kind == "mariadb":
-        from harness_envs.dbbench.mariadb_backend import MariaDBBackend
-
-        return MariaDBBackend(**options)
-    raise ValueError(f"unknown DBBench backend {kind!r}; choose one of {', '.join(BACKEND_KINDS)}")

@@ -10,7 +10,7 @@ from typing import Any
 
 from harness_envs import harness as hz
 from harness_envs.base import TurnRecord, new_episode_id
-from harness_envs.dbbench import evaluator, taxonomy
+from harness_envs.dbbench import answers, evaluator, taxonomy
 from harness_envs.dbbench import harness as dbh
 from harness_envs.dbbench.data import DBTask, is_modification
 
@@ -157,7 +157,7 @@ class DBBenchEpisode:
             return True
         if self._modification:
             return False
-        return hz.is_empty_answer(hz.normalize_answer(answer, self.spec.knob("answer_normalization")))
+        return answers.is_empty_answer(answers.normalize_answer(answer, self.spec.knob("answer_normalization")))
 
     def _execute(self, text: str, sql: str) -> None:
         spec = self.spec
@@ -201,7 +201,7 @@ class DBBenchEpisode:
 
     def _score(self) -> dict[str, Any]:
         norm_mode = self.spec.knob("answer_normalization")
-        answer = hz.normalize_answer(self._answer, norm_mode)
+        answer = answers.normalize_answer(self._answer, norm_mode)
         correct_if_normalized = False
         if self._modification:
             success = self._final_hash is not None and evaluator.is_correct(
@@ -209,7 +209,7 @@ class DBBenchEpisode:
         else:
             success = self._status == "answered" and evaluator.is_correct(self.task, answer, None, rule=self.rule)
             if not success and self._status == "answered":
-                strip = hz.normalize_answer(self._answer, "strip")
+                strip = answers.normalize_answer(self._answer, "strip")
                 correct_if_normalized = evaluator.is_correct(self.task, strip, None, rule=self.rule)
         table_changed = None
         if self._modification and self._initial_hash is not None and self._final_hash is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 from typing import Iterable
 
-from harness_envs.dbbench.data import DBTask, SELECT_TYPES, category, is_modification
+from harness_envs.dbbench.data import CATEGORIES, MODIFY_TYPES, SELECT_TYPES, DBTask, category, is_modification
 
 RULES = ("v0.2", "lenient")
 FLOAT_TOLERANCE = 1e-2
@@ -182,3 +182,33 @@ def summarize(records: Iterable[dict]) -> dict:
     out["accuracy"] = sum(all_ok) / len(all_ok) if all_ok else 0.0
     out["counts"] = {**{t: len(v) for t, v in by_type.items()}, **{c: len(by_cat[c]) for c in cats}}
     return out
+
+
+def table_rows(summaries: dict[str, dict]) -> list[str]:
+    """Row keys present in any summary: types, then categories, then overall."""
+    keys = set()
+    for s in summaries.values():
+        keys.update(s)
+    rows = [f"{t}_accuracy" for t in SELECT_TYPES if f"{t}_accuracy" in keys]
+    rows += [f"{c}_accuracy" for c in CATEGORIES if f"{c}_accuracy" in keys]
+    rows += [f"{t}_accuracy" for t in MODIFY_TYPES if f"{t}_accuracy" in keys and t not in CATEGORIES]
+    return rows + ["overall_cat_accuracy"]
+
+
+def format_table(summaries: dict[str, dict]) -> str:
+    """Accuracy in % per type, category and overall (rows) for each summary (columns)."""
+    names = list(summaries)
+    rows = table_rows(summaries)
+    label_w = max(len(r.removesuffix("_accuracy")) for r in rows) + 2
+    col_w = max(8, *(len(n) + 2 for n in names))
+    lines = ["".ljust(label_w) + "".join(n.rjust(col_w) for n in names)]
+    for i, key in enumerate(rows):
+        label = key.removesuffix("_accuracy")
+        if i > 0 and (key == "overall_cat_accuracy" or (label == CATEGORIES[0])):
+            lines.append("-" * (label_w + col_w * len(names)))
+        cells = []
+        for n in names:
+            value = summaries[n].get(key)
+            cells.append(("-" if value is None else f"{100 * value:.1f}").rjust(col_w))
+        lines.append(label.ljust(label_w) + "".join(cells))
+    return "\n".join(lines)

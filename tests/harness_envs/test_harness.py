@@ -1,32 +1,53 @@
-"""HarnessSpec as data, and the benchmark-independent knob functions."""
+"""HarnessSpec as data against a knob schema, pools with their base, and the benchmark-independent
+knob functions."""
 import json
 import pathlib
 
 import pytest
 
 from harness_envs import harness as hz
+from harness_envs.dbbench.benchmark import KNOBS
 
 POOL = pathlib.Path(__file__).resolve().parents[2] / "harness_envs" / "pools" / "dbbench_siblings.json"
+BASE = KNOBS.base()
 
 
 def test_defaults_are_the_published_protocol():
-    d = hz.knob_defaults()
+    d = KNOBS.defaults()
     assert d["parse_mode"] == "strict" and d["on_malformed"] == "fail"
     assert d["obs_max_chars"] == 800 and d["max_rounds"] == 15 and d["obs_page_rows"] == 0
-    assert d["context"] == "all" and d["answer_normalization"] == "none"
+    assert d["context"] == "all" and d["answer_normalization"] == "none" and d["instruction"] == "agentbench"
     assert d["verify_before_answer"] is False and d["schema_reminder_on_error"] is False and d["hint"] is None
-    assert hz.BASE.resolved() == d
+    assert BASE.resolved() == d
+
+
+def test_schema_is_the_generic_knobs_plus_the_benchmark_s_own():
+    assert set(hz.GENERIC_KNOBS) <= set(KNOBS)
+    assert set(KNOBS.own) == {"obs_page_rows", "schema_reminder_on_error", "answer_normalization"}
+    assert KNOBS["instruction"].choices == ("agentbench", "schema_first", "concise")  # redefined values
+    with pytest.raises(TypeError, match="not its type"):
+        hz.KnobSchema("x", {"max_rounds": hz.Knob(str, "15", "a str now")})
+    with pytest.raises(ValueError, match="enabled by 'nope'"):
+        hz.KnobSchema("x", {"y": hz.Knob(int, 0, "y", enabled_by=("nope", (1,)))})
+    generic_only = hz.KnobSchema("generic")
+    with pytest.raises(ValueError, match="unknown knob"):
+        generic_only.base(obs_page_rows=3)
 
 
 def test_json_round_trip_is_exact():
     spec = hz.HarnessSpec("s1", parent="base", direction="turn_budget",
                           knobs={"max_rounds": 30, "hint": "look first", "verify_before_answer": True},
-                          doc="a sibling")
+                          doc="a sibling", schema=KNOBS)
     blob = json.dumps(spec.to_json())
-    back = hz.HarnessSpec.from_json(blob)
+    back = hz.HarnessSpec.from_json(blob, KNOBS)
     assert back == spec
     assert back.to_json() == spec.to_json()
-    assert hz.HarnessSpec.from_json(json.loads(blob)) == spec
+    assert hz.HarnessSpec.from_json(json.loads(blob), KNOBS) == spec
+
+
+def test_a_spec_without_schema_cannot_be_validated():
+    with pytest.raises(ValueError, match="no knob schema"):
+        hz.HarnessSpec("orphan").validate()
 
 
 @pytest.mark.parametrize("knobs, message", [
@@ -41,60 +62,79 @@ def test_json_round_trip_is_exact():
 ])
 def test_validate_names_the_problem(knobs, message):
     with pytest.raises(ValueError) as err:
-        hz.HarnessSpec("bad", knobs=knobs).validate()
+        hz.HarnessSpec("bad", knobs=knobs, schema=KNOBS).validate()
     assert message in str(err.value)
 
 
 def test_from_json_rejects_unknown_fields_and_knobs():
     with pytest.raises(ValueError, match="unknown field"):
-        hz.HarnessSpec.from_json({"name": "x", "knobz": {}})
+        hz.HarnessSpec.from_json({"name": "x", "knobz": {}}, KNOBS)
     with pytest.raises(ValueError, match="unknown knob"):
-        hz.HarnessSpec.from_json({"name": "x", "knobs": {"nope": 1}})
+        hz.HarnessSpec.from_json({"name": "x", "knobs": {"nope": 1}}, KNOBS)
 
 
 def test_with_knobs_and_diff():
-    child = hz.BASE.with_knobs(name="paged", direction="observation_paging", obs_page_rows=20, obs_max_chars=800)
+    child = BASE.with_knobs(name="paged", direction="observation_paging", obs_page_rows=20, obs_max_chars=800)
     assert child.parent == "base" and child.direction == "observation_paging"
     assert child.knobs == {"obs_page_rows": 20}  # a default value is not stored as an override
     assert child.knob("obs_page_rows") == 20 and child.knob("max_rounds") == 15
-    assert hz.BASE.diff(child) == {"obs_page_rows": (0, 20)}
+    assert BASE.diff(child) == {"obs_page_rows": (0, 20)}
     assert child.diff(child) == {}
     grandchild = child.with_knobs(max_rounds=20)
     assert grandchild.parent == "paged" and grandchild.knobs == {"obs_page_rows": 20, "max_rounds": 20}
     assert "max_rounds=20" in grandchild.name
     with pytest.raises(ValueError, match="unknown knob"):
-        hz.BASE.with_knobs(turns=3)
+        BASE.with_knobs(turns=3)
     with pytest.raises(KeyError, match="unknown knob"):
-        hz.BASE.knob("turns")
+        BASE.knob("turns")
 
 
 def test_starter_pool_siblings_differ_only_in_knobs(tmp_path):
-    pool = hz.load_pool(POOL)
-    assert "base" in pool and len(pool) >= 7
+    pool = hz.load_pool(POOL, KNOBS)
+    assert pool.base.knobs == {} and pool.base.name == "base" and list(pool)[0] == "base" and len(pool) >= 7
     directions = set()
-    for name, spec in pool.items():
-        if name == "base":
-            continue
+    for spec in pool.siblings:
         assert spec.parent == "base" and spec.direction and spec.doc
-        assert spec.diff(hz.BASE), f"{name} is identical to the base"
+        assert spec.diff(BASE), f"{spec.name} is identical to the base"
         directions.add(spec.direction)
     assert len(directions) == len(pool) - 1, "one repair direction per sibling"
     # save/load round trip
     out = tmp_path / "pool.json"
-    hz.save_pool(out, list(pool.values()), benchmark="dbbench")
-    assert hz.load_pool(out) == pool
+    hz.save_pool(out, pool.base, pool.siblings, doc="copy")
+    back = hz.load_pool(out, KNOBS)
+    assert dict(back) == dict(pool) and back.base == pool.base and back.doc == "copy"
+
+
+def test_the_base_comes_from_the_pool_file(tmp_path):
+    path = tmp_path / "pool.json"
+    path.write_text(json.dumps({"benchmark": "dbbench", "harnesses": [
+        {"name": "base", "parent": None, "knobs": {"instruction": "concise"}},
+        {"name": "more_rounds", "parent": "base", "direction": "turn_budget", "knobs": {"max_rounds": 30}}]}))
+    pool = hz.load_pool(path, KNOBS)
+    assert pool.base.knob("instruction") == "concise" and pool["more_rounds"].knob("max_rounds") == 30
+    assert pool.select(["more_rounds", "base"]) == [pool["more_rounds"], pool.base]
+    with pytest.raises(ValueError, match=r"\['nope'\] are not in the pool"):
+        pool.select(["nope"])
 
 
 def test_load_pool_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        hz.load_pool(tmp_path / "missing.json")
+        hz.load_pool(tmp_path / "missing.json", KNOBS)
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"harnesses": [{"name": "x", "parent": "ghost", "knobs": {}}]}))
-    with pytest.raises(ValueError, match="names parent 'ghost'"):
-        hz.load_pool(bad)
-    bad.write_text(json.dumps({"harnesses": [{"name": "x"}, {"name": "x", "knobs": {"max_rounds": 3}}]}))
-    with pytest.raises(ValueError, match="defined twice"):
-        hz.load_pool(bad)
+    base = {"name": "base", "parent": None, "knobs": {}}
+
+    def check(harnesses, message, benchmark="dbbench"):
+        bad.write_text(json.dumps({"benchmark": benchmark, "harnesses": harnesses}))
+        with pytest.raises(ValueError, match=message):
+            hz.load_pool(bad, KNOBS)
+
+    check([base, {"name": "x", "parent": "ghost", "knobs": {}}], "names parent 'ghost'")
+    check([base, {"name": "x", "parent": "base"}, {"name": "x", "parent": "base", "knobs": {"max_rounds": 3}}],
+          "defined twice")
+    check([{"name": "x", "parent": "base", "knobs": {}}], "exactly one base harness")
+    check([base, dict(base, name="other")], "exactly one base harness")
+    check([base], "a pool of benchmark 'appworld', not 'dbbench'", benchmark="appworld")
+    check([base, {"name": "x", "parent": "base", "knobs": {"max_rounds": 0}}], "below its minimum")
 
 
 def test_truncate_is_the_800_char_rule():
@@ -136,23 +176,3 @@ def test_select_context_modes():
     assert hz.select_context(_history(1), 3, "last_n", 2) == _history(1)
     with pytest.raises(ValueError, match="context mode"):
         hz.select_context(h, 3, "summarize", 2)
-
-
-@pytest.mark.parametrize("answer, mode, expected", [
-    (' ["Vienna"]', "none", ' ["Vienna"]'),
-    (None, "strip", None),
-    ("""[" 'Vienna' ", "  `Graz`"]""", "strip", '["Vienna", "Graz"]'),
-    (' Vienna ', "strip", '["Vienna"]'),
-    ('["\\"House of Cards\\""]', "strip", '["\\"House of Cards\\""]'),  # double quotes stay
-    ("[12, ' 3.50 ']", "strip", '["12", "3.50"]'),
-    ("[12, ' 3.50 ', '3,729.7', 'x']", "numeric", '["12.0", "3.5", "3,729.7", "x"]'),
-])
-def test_normalize_answer(answer, mode, expected):
-    assert hz.normalize_answer(answer, mode) == expected
-
-
-def test_empty_answers():
-    for a in (None, "", "  ", "[]", "['']", "[' ', \"''\"]"):
-        assert hz.is_empty_answer(a), a
-    for a in ("[0]", "['x']", "done"):
-        assert not hz.is_empty_answer(a), a

@@ -6,13 +6,16 @@ import pathlib
 import pytest
 
 from harness_envs import harness as hz
+from harness_envs.dbbench.benchmark import KNOBS
 from harness_envs.dbbench import agents
 from harness_envs.dbbench.data import is_modification, load_split
 from harness_envs.dbbench.env import DBBenchEpisode
 from hsjax.rollout.policy import ChatPolicy, SamplingParams
 from hsjax.rollout.engine import collect
 
-POOL = hz.load_pool(pathlib.Path(__file__).resolve().parents[3] / "harness_envs" / "pools" / "dbbench_siblings.json")
+BASE = KNOBS.base()
+
+POOL = hz.load_pool(pathlib.Path(__file__).resolve().parents[3] / "harness_envs" / "pools" / "dbbench_siblings.json", KNOBS)
 SAMPLING = SamplingParams()
 
 
@@ -68,8 +71,8 @@ def test_each_slip_fails_under_base_and_exactly_its_sibling_repairs_it(slip, dev
 
 
 def test_noisy_agent_without_slips_is_the_oracle(dev, backend):
-    trajs = collect([DBBenchEpisode(t, hz.BASE, backend) for t in dev], agents.NoisyAgent({}), SAMPLING)
-    oracle = collect([DBBenchEpisode(t, hz.BASE, backend) for t in dev], agents.OracleAgent(), SAMPLING)
+    trajs = collect([DBBenchEpisode(t, BASE, backend) for t in dev], agents.NoisyAgent({}), SAMPLING)
+    oracle = collect([DBBenchEpisode(t, BASE, backend) for t in dev], agents.OracleAgent(), SAMPLING)
     assert [t.result["turns"] for t in trajs] == [t.result["turns"] for t in oracle]
     assert all(t.result["success"] for t in trajs)
 
@@ -98,7 +101,7 @@ def test_mixed_noise_on_dev(dev, backend):
     # With several slips at once, an episode under the base succeeds exactly when it drew no slip that
     # bites on its task, and otherwise fails with the mode of one of the slips it drew.
     agent = agents.NoisyAgent({name: 0.3 for name in agents.SLIPS}, seed=1)
-    trajs = collect([DBBenchEpisode(t, hz.BASE, backend) for t in dev], agent, SAMPLING)
+    trajs = collect([DBBenchEpisode(t, BASE, backend) for t in dev], agent, SAMPLING)
     seen = collections.Counter()
     for tr, t in zip(trajs, dev):
         drawn = agent.slips_for({"task_id": t.task_id})

@@ -4,13 +4,15 @@ import random
 
 import pytest
 
-from harness_envs import harness as hz
+from harness_envs.dbbench.benchmark import KNOBS
 from harness_envs.base import RESULT_KEYS, Episode, TurnRecord, check_result
 from harness_envs.dbbench import harness as dbh
 from harness_envs.dbbench import taxonomy
 from harness_envs.dbbench.backends import hash_rows
 from harness_envs.dbbench.data import DBTask, Table
 from harness_envs.dbbench.env import DBBenchEpisode
+
+BASE = KNOBS.base()
 
 ROWS = tuple((f"City{i:02d}", "Austria" if i % 3 == 0 else "Italy", str(1000 * i)) for i in range(40))
 TABLE = Table(name="cities", columns=("name", "country", "population"), rows=ROWS)
@@ -39,7 +41,7 @@ def backend(sqlite_backend):
 
 
 def run(task, replies, backend, **knobs):
-    spec = hz.BASE.with_knobs(name="t", **knobs) if knobs else hz.BASE
+    spec = BASE.with_knobs(name="t", **knobs) if knobs else BASE
     ep = DBBenchEpisode(task, spec, backend)
     ep.reset()
     for reply in replies:
@@ -123,10 +125,10 @@ def test_initial_history_is_the_published_one(backend):
 
 
 def test_instruction_variants_and_hint():
-    texts = {v: dbh.render_instruction(hz.BASE.with_knobs(instruction=v)) for v in ("agentbench", "schema_first", "concise")}
+    texts = {v: dbh.render_instruction(BASE.with_knobs(instruction=v)) for v in ("agentbench", "schema_first", "concise")}
     assert len(set(texts.values())) == 3
     assert "LIMIT 3" in texts["schema_first"] and texts["schema_first"].startswith(texts["agentbench"])
-    hinted = dbh.render_instruction(hz.BASE.with_knobs(hint="Count rows with COUNT(*)."))
+    hinted = dbh.render_instruction(BASE.with_knobs(hint="Count rows with COUNT(*)."))
     assert hinted == texts["agentbench"] + "\nHint: Count rows with COUNT(*)."
 
 
@@ -296,7 +298,7 @@ def test_result_record(backend):
 # ------------------------------------------------------------------ life cycle and robustness
 
 def test_life_cycle_errors_and_abort(backend):
-    ep = DBBenchEpisode(SELECT_TASK, hz.BASE, backend)
+    ep = DBBenchEpisode(SELECT_TASK, BASE, backend)
     with pytest.raises(RuntimeError, match="reset"):
         ep.messages()
     ep.reset()
@@ -349,7 +351,7 @@ class _FlakyBackend:
 def test_environment_failures_end_the_episode_cleanly(backend, fail_on):
     flaky = _FlakyBackend(backend, fail_on)
     task = INSERT_TASK if fail_on == "hash" else SELECT_TASK
-    ep = DBBenchEpisode(task, hz.BASE, flaky)
+    ep = DBBenchEpisode(task, BASE, flaky)
     ep.reset()
     if not ep.done:
         ep.step(op("SELECT 1"))
@@ -372,7 +374,7 @@ def test_fuzzed_and_hostile_replies_never_crash(backend, tmp_path):
         "\nFinal Answer: " + "[" * 500, "\nFinal Answer: __import__('os').system('echo pwned')",
     ]
     replies = hostile + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 300))) for _ in range(150)]
-    for spec in (hz.BASE, hz.BASE.with_knobs(parse_mode="lenient", on_malformed="retry", obs_page_rows=5,
+    for spec in (BASE, BASE.with_knobs(parse_mode="lenient", on_malformed="retry", obs_page_rows=5,
                                              verify_before_answer=True, answer_normalization="numeric",
                                              schema_reminder_on_error=True, context="compress")):
         for i in range(0, len(replies), 4):

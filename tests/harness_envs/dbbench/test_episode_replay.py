@@ -11,13 +11,15 @@ import collections
 
 import pytest
 
-from harness_envs import harness as hz
+from harness_envs.dbbench.benchmark import KNOBS
 from harness_envs.dbbench.agents import OracleAgent
-from harness_envs.dbbench.backends import make_backend
+from harness_envs.dbbench import make_backend
 from harness_envs.dbbench.data import category, load_split
 from harness_envs.dbbench.env import DBBenchEpisode
 from hsjax.rollout.policy import SamplingParams
 from hsjax.rollout.engine import collect
+
+BASE = KNOBS.base()
 
 KNOWN_BAD = {
     "sqlite": {"standard-0225": "stored hash wrong upstream"},
@@ -32,7 +34,7 @@ FLOORS = {  # minimum solved per category of `standard` (100 items each)
 
 def replay(split, backend):
     tasks = load_split(split)
-    trajs = collect([DBBenchEpisode(t, hz.BASE, backend) for t in tasks], OracleAgent(), SamplingParams(),
+    trajs = collect([DBBenchEpisode(t, BASE, backend) for t in tasks], OracleAgent(), SamplingParams(),
                     env_workers=4)
     return [tr.result for tr in trajs]
 

@@ -5,14 +5,17 @@ import pathlib
 import pytest
 
 from harness_envs import harness as hz
-from harness_envs.dbbench.backends import make_backend
+from harness_envs.dbbench.benchmark import KNOBS
+from harness_envs.dbbench import make_backend
 from harness_envs.dbbench.env import DBBenchEpisode
 from harness_envs.synth import expert as ex
 from harness_envs.synth.tasks import by_type, make_tasks
 from hsjax.rollout.policy import SamplingParams
 from hsjax.rollout.engine import collect
 
-POOL = hz.load_pool(pathlib.Path(__file__).resolve().parents[3] / "harness_envs/pools/dbbench_siblings.json")
+BASE = KNOBS.base()
+
+POOL = hz.load_pool(pathlib.Path(__file__).resolve().parents[3] / "harness_envs/pools/dbbench_siblings.json", KNOBS)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def test_styles_fail_under_base_and_succeed_only_under_their_rescuer(sample, sty
 
 def test_styles_per_type(sample):
     expert = ex.ScriptedExpert({"UPDATE": "format_slip"})
-    trajs = _run(sample, hz.BASE, expert)
+    trajs = _run(sample, BASE, expert)
     for traj in trajs:
         assert traj.result["success"] == (traj.result["type"] != "UPDATE")
 
@@ -84,7 +87,7 @@ def test_schema_recovery_rescue_is_valid_under_base_move_for_move(sample):
             return [replies[info["task_id"]][sum(m["role"] == "assistant" for m in ctx) - 1]
                     for ctx, info in zip(contexts, infos)]
 
-    replayed = _run(sample, hz.BASE, Replay())
+    replayed = _run(sample, BASE, Replay())
     assert all(t.result["success"] for t in replayed)
     assert all(t.result["sql_errors"] == 1 for t in replayed)
 

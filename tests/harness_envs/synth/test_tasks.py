@@ -4,9 +4,10 @@ import re
 
 import pytest
 
-from harness_envs import harness as hz
+from harness_envs.dbbench.benchmark import KNOBS
 from harness_envs.dbbench.agents import OracleAgent
-from harness_envs.dbbench.backends import hash_rows, make_backend
+from harness_envs.dbbench import make_backend
+from harness_envs.dbbench.backends import hash_rows
 from harness_envs.dbbench.data import DBTask, MODIFY_TYPES
 from harness_envs.dbbench.env import DBBenchEpisode
 from harness_envs.synth import tasks as st
@@ -14,6 +15,8 @@ from harness_envs.synth.questions import TEMPLATES, TYPES
 from harness_envs.synth.tables import DOMAINS
 from hsjax.rollout.policy import SamplingParams
 from hsjax.rollout.engine import collect
+
+BASE = KNOBS.base()
 
 N = 60
 
@@ -106,7 +109,7 @@ def test_labels_recomputed_in_python(train, heldout):
 
 def test_oracle_scores_100_percent(train, heldout):
     backend = make_backend("sqlite")
-    episodes = [DBBenchEpisode(t, hz.BASE, backend) for t in train + heldout]
+    episodes = [DBBenchEpisode(t, BASE, backend) for t in train + heldout]
     trajs = collect(episodes, OracleAgent(), SamplingParams())
     assert all(tr.result["success"] for tr in trajs), [tr.result["task_id"] for tr in trajs
                                                        if not tr.result["success"]]

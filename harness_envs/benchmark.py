@@ -1,0 +1,125 @@
+"""The benchmark interface: everything Harness-S, evaluation and training know of a benchmark.
+
+Each benchmark declares in one place, `harness_envs/<name>/benchmark.py`, a subclass of `Benchmark`:
+
+    name, description   identity; `description` is the line an LLM proposer reads ("a SQL benchmark: ...")
+    knobs               its `KnobSchema`: the generic knobs plus its own
+    failure_modes       its failure taxonomy, "success" first; every episode result has one
+    directions          repair directions: failure mode -> the knob subspace that could repair it
+    splits, load_split  the task loader (tasks carry `task_id`, `type` and `question`)
+    make_episode        an `Episode` of a task under a `HarnessSpec`
+    initial_messages    the context an episode opens with (a rescue is re-rendered in the base with it)
+    summarize           the scorer's summary of episode results; `headline` names its main number
+    format_table        the table `run.py` prints for {column: summary}
+    agent_kinds, make_agent   scripted agents (chat policies) that play the benchmark
+    default_pool        the pool file shipped with it
+
+A benchmark instance holds its resources (database servers, worker processes); `close()` releases
+them, and it is a context manager. `docs/architecture.md` walks through adding one.
+"""
+from __future__ import annotations
+
+import abc
+import pathlib
+from typing import Any, Iterable, Sequence
+
+from harness_envs.base import Episode, Message, Task
+from harness_envs.harness import Direction, HarnessSpec, KnobSchema, Pool, load_pool
+
+SUCCESS = "success"
+
+
+class Benchmark(abc.ABC):
+    """One benchmark's tasks, harness knobs, taxonomy, repair directions, scorer and agents."""
+
+    name: str
+    description: str
+    knobs: KnobSchema
+    failure_modes: tuple[str, ...]
+    directions: tuple[Direction, ...]
+    splits: tuple[str, ...]
+    headline: str
+    agent_kinds: tuple[str, ...] = ()
+    default_pool: pathlib.Path | None = None
+
+    # ------------------------------------------------------------------ tasks and episodes
+
+    @abc.abstractmethod
+    def load_split(self, name: str, *, seed: int = 0) -> list[Task]:
+        """The tasks of split `name`. `seed` picks which tasks where a split is generated."""
+
+    @abc.abstractmethod
+    def make_episode(self, task: Task, spec: HarnessSpec, *, sample_index: int = 0) -> Episode:
+        """A fresh episode of `task` under `spec`; `sample_index` tells rollouts of a task apart."""
+
+    @abc.abstractmethod
+    def initial_messages(self, task: Task, spec: HarnessSpec) -> list[Message]:
+        """The messages an episode of `task` under `spec` opens with (instruction and task)."""
+
+    # ------------------------------------------------------------------ scoring
+
+    @abc.abstractmethod
+    def summarize(self, results: Iterable[dict]) -> dict:
+        """The scorer's summary of episode results (each with `type` and `success`); holds `headline`."""
+
+    @abc.abstractmethod
+    def format_table(self, summaries: dict[str, dict]) -> str:
+        """A printable table of {column name: summary} (columns: harnesses, or arms)."""
+
+    # ------------------------------------------------------------------ agents
+
+    def make_agent(self, kind: str, *, seed: int = 0, **options) -> Any:
+        """A scripted agent (a chat policy) of one of `agent_kinds`."""
+        raise ValueError(f"{self.name} has no scripted agent {kind!r}; kinds: {list(self.agent_kinds)}")
+
+    # ------------------------------------------------------------------ harnesses
+
+    def load_pool(self, path: str | pathlib.Path | None = None) -> Pool:
+        """The pool file at `path` (default: the benchmark's own), read against `knobs`."""
+        path = path or self.default_pool
+        if path is None:
+            raise ValueError(f"{self.name} ships no pool; name a pool file")
+        return load_pool(path, self.knobs)
+
+    def direction(self, *, name: str | None = None, failure_mode: str | None = None) -> Direction | None:
+        """The direction with that name, or the one repairing that failure mode; None if none does."""
+        for d in self.directions:
+            if (name is not None and d.name == name) or (failure_mode is not None and d.failure_mode == failure_mode):
+                return d
+        return None
+
+    def target_modes(self, specs: Sequence[HarnessSpec]) -> dict[str, str | None]:
+        """The failure mode each spec was evolved for, read from its direction."""
+        out = {}
+        for spec in specs:
+            d = self.direction(name=spec.direction) if spec.direction else None
+            out[spec.name] = d.failure_mode if d else None
+        return out
+
+    def check(self) -> None:
+        """Raises if the declarations disagree: directions naming unknown modes or knobs."""
+        if not self.failure_modes or self.failure_modes[0] != SUCCESS:
+            raise ValueError(f"{self.name}: failure_modes must start with {SUCCESS!r}")
+        for d in self.directions:
+            if d.failure_mode not in self.failure_modes:
+                raise ValueError(f"{self.name}: direction {d.name!r} targets unknown failure mode {d.failure_mode!r}")
+            unknown = [k for k in d.knobs if k not in self.knobs]
+            if unknown:
+                raise ValueError(f"{self.name}: direction {d.name!r} names unknown knobs {unknown}")
+        names = [d.name for d in self.directions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: direction names repeat: {names}")
+
+    # ------------------------------------------------------------------ resources
+
+    def close(self) -> None:
+        """Releases what the benchmark holds (database servers, workers)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
