@@ -1,0 +1,13 @@
+"""Language models over HTTP: the OpenAI-compatible client and what is built on it.
+
+    client.py        ChatClient: the one OpenAI-compatible chat client (openai SDK, our retries,
+                     Retry-After, timeouts, key from an env var, redaction, LLMError reasons)
+    json_extract.py  JSON values out of a model's reply (voters' rankings, evolution proposals)
+    http_policy.py   HttpChatPolicy: a ChatPolicy that wraps the client
+    server.py        an OpenAI-compatible server in front of a JAX policy
+
+Layering: `hsjax.llm` may import `hsjax.rollout` and `hsjax.models`, never `hsjax.harness_s`,
+`hsjax.modes` or `hsjax.builders`; `hsjax.rollout` never imports `hsjax.llm`
+(tests/llm/test_client.py checks both). Nothing is imported here, so `import hsjax.llm.server`
+does not pay for the openai SDK.
+"""

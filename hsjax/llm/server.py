@@ -1,7 +1,5 @@
-"""An OpenAI-compatible chat-completions server of a policy (mode `serve`).
-
-    python run.py --config experiments/serve.py --config.serve.hf_dir=/ckpt/Qwen2.5-0.5B-Instruct \
-        --workdir /tmp/hsjax/serve
+"""An OpenAI-compatible chat-completions server of a policy (run by `hsjax/modes/serve.py`, and
+in-process by the local voters and the tests through `BackgroundServer`).
 
 Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`. Errors use OpenAI's shape,
 `{"error": {"message", "type", "param", "code"}}`: 400 for a bad request, 401 for a missing or
@@ -14,7 +12,6 @@ makes one `policy.generate` call per group. Grouping, rather than per-row settin
 request's draw under the policy's own key schedule; the clients that matter here (voters, the HTTP
 policy in rollouts) send identical settings, so they batch fully. See docs/harness_s.md.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -25,160 +22,25 @@ import hmac
 import json
 import logging
 import os
-import pathlib
 import queue
 import socket
 import threading
 import time
-import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hsjax.llm.openai_api import APIError, ChatRequest, Reply, bad_request, completion_body, cut_at_stop, parse_chat_request
 from hsjax.rollout.policy import SamplingParams, is_token_policy, render_prompt
 
 log = logging.getLogger(__name__)
-
-ROLES = ("system", "user", "assistant")
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's error shape with an HTTP status."""
-
-    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-# ---------------------------------------------------------------------------------------------
-# Request parsing (pure)
-
-
-@dataclasses.dataclass(frozen=True)
-class ChatRequest:
-    messages: list[dict]
-    sampling: SamplingParams
-
-
-def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
-        raise _bad(f"'{name}' must be a number in [{lo}, {hi}], got {value!r}", name)
-    return float(value)
-
-
-def _int(body: dict, name: str, default: int, lo: int, hi: int) -> int:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise _bad(f"'{name}' must be an integer in [{lo}, {hi}], got {value!r}", name)
-    return value
-
-
-def _content(message: dict, i: int) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    # OpenAI's list of content parts; only text parts can be rendered by a chat template.
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
-    raise _bad(f"messages[{i}].content must be a string or a list of text parts, got "
-               f"{type(content).__name__}", f"messages[{i}].content")
-
-
-def parse_messages(messages) -> list[dict]:
-    if messages is None:
-        raise _bad("'messages' is required: a non-empty list of {role, content}", "messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("'messages' must be a non-empty list of {role, content}", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise _bad(f"messages[{i}] must be an object with role and content", f"messages[{i}]")
-        role = m.get("role")
-        if role not in ROLES:
-            raise _bad(f"messages[{i}].role={role!r} is not one of {list(ROLES)}",
-                       f"messages[{i}].role")
-        out.append({"role": role, "content": _content(m, i)})
-    return out
-
-
-def parse_chat_request(body, *, model_name: str, default_max_tokens: int,
-                       max_tokens_limit: int) -> ChatRequest:
-    """Validates a chat-completions body; raises `APIError` naming the offending field.
-
-    Temperature 0 means greedy decoding. `max_tokens` (or `max_completion_tokens`) defaults to
-    `default_max_tokens`. Fields this server does not act on (penalties, logprobs, user, ...) are
-    ignored, as OpenAI-compatible servers commonly do.
-    """
-    if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and model != model_name:
-        raise APIError(404, f"model {model!r} is not served here; this server serves {model_name!r}",
-                       param="model", code="model_not_found")
-    messages = parse_messages(body.get("messages"))
-    if body.get("stream"):
-        raise _bad("stream=true is not supported; send stream=false or omit it", "stream")
-    n = _int(body, "n", 1, 1, 1 << 30)
-    if n != 1:
-        raise _bad(f"n={n} is not supported: this server returns one choice per request; send n=1 "
-                   "or repeat the request", "n")
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0.0:
-        raise _bad("top_p must be > 0; use temperature=0 for greedy decoding", "top_p")
-    top_k = _int(body, "top_k", 0, 0, 1 << 30)
-    max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _int(body, max_key, default_max_tokens, 1, max_tokens_limit)
-    seed = _int(body, "seed", 0, -(1 << 63), (1 << 63) - 1)
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise _bad(f"'stop' must be a non-empty string or a list of them, got {stop!r}", "stop")
-    greedy = temperature == 0.0
-    if greedy:  # settings that do not change a greedy reply, normalized so greedy requests batch
-        temperature, top_p, top_k, seed = 1.0, 1.0, 0, 0
-    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                              max_new_tokens=max_tokens, stop_strings=tuple(stop),
-                              seed=seed % (1 << 32))
-    return ChatRequest(messages, sampling)
-
-
-def cut_at_stop(text: str, stop_strings) -> str:
-    """The text before the first stop string (OpenAI leaves the stop string out of the reply)."""
-    cuts = [i for i in (text.find(s) for s in stop_strings) if i >= 0]
-    return text[:min(cuts)] if cuts else text
 
 
 # ---------------------------------------------------------------------------------------------
 # The batching scheduler
 
-
-@dataclasses.dataclass
-class Reply:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str
 
 
 @dataclasses.dataclass
@@ -288,12 +150,12 @@ class BatchScheduler:
                 try:
                     job.prompt_ids = render_prompt(self.tokenizer, req.messages)
                 except Exception as e:
-                    raise _bad(f"the chat template could not render these messages: "
+                    raise bad_request(f"the chat template could not render these messages: "
                                f"{type(e).__name__}: {e}", "messages") from None
             if self.max_context is not None and job.prompt_ids is not None:
                 total = len(job.prompt_ids) + req.sampling.max_new_tokens
                 if total > self.max_context:
-                    raise _bad(f"the prompt has {len(job.prompt_ids)} tokens and max_tokens is "
+                    raise bad_request(f"the prompt has {len(job.prompt_ids)} tokens and max_tokens is "
                                f"{req.sampling.max_new_tokens}: {total} > the context limit "
                                f"{self.max_context}; shorten the messages or lower max_tokens",
                                "messages", "context_length_exceeded")
@@ -392,7 +254,7 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request, exc: RequestValidationError):
-        return _error_response(_bad(f"invalid request: {exc.errors()}"))
+        return _error_response(bad_request(f"invalid request: {exc.errors()}"))
 
     @app.exception_handler(Exception)
     async def internal_error(_request, exc: Exception):
@@ -420,7 +282,7 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
         try:
             body = json.loads(await request.body())
         except (ValueError, UnicodeDecodeError) as e:
-            raise _bad(f"the request body is not valid JSON: {e}") from None
+            raise bad_request(f"the request body is not valid JSON: {e}") from None
         chat = parse_chat_request(body, model_name=model_name,
                                   default_max_tokens=min(default_max_tokens, max_tokens_limit),
                                   max_tokens_limit=max_tokens_limit)
@@ -437,20 +299,6 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
         return completion_body(reply, model_name)
 
     return app
-
-
-def completion_body(reply: Reply, model_name: str) -> dict:
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.text},
-                     "logprobs": None, "finish_reason": reply.finish_reason}],
-        "usage": {"prompt_tokens": reply.prompt_tokens,
-                  "completion_tokens": reply.completion_tokens,
-                  "total_tokens": reply.prompt_tokens + reply.completion_tokens},
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,64 +346,3 @@ class BackgroundServer:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def write_tiny_model(out_dir, seed: int = 0) -> pathlib.Path:
-    """A random `tiny` preset model with the tiny tokenizer, saved as an HF directory."""
-    import jax
-
-    from hsjax.models import get_preset, init_params, save_pretrained
-    from hsjax.models.tokenizer import build_tiny_tokenizer
-
-    cfg = get_preset("tiny")
-    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(seed))
-    save_pretrained(params, cfg, build_tiny_tokenizer(), out_dir)
-    return pathlib.Path(out_dir)
-
-
-def load_policy(serve_cfg, seed: int = 0, workdir: str | None = None):
-    """(JaxPolicy, default model name) from `serve.hf_dir` and/or `serve.checkpoint`.
-
-    `checkpoint` alone may be an HF directory; a workdir or checkpoint directory also needs
-    `hf_dir` for the model config and tokenizer (params come from its latest step). With neither
-    and `init_tiny`, a random tiny model is written to `<workdir>/tiny_model` and served.
-    """
-    from hsjax.rollout.policy import JaxPolicy
-
-    hf_dir, ckpt = serve_cfg.get("hf_dir") or "", serve_cfg.get("checkpoint") or ""
-    if ckpt and (pathlib.Path(ckpt) / "config.json").is_file():
-        hf_dir, ckpt = ckpt, ""
-    if not hf_dir:
-        if ckpt:
-            raise ValueError(f"serve.checkpoint={ckpt} is not an HF directory (no config.json); set "
-                             "--config.serve.hf_dir to the HF directory of its base model")
-        if not serve_cfg.get("init_tiny"):
-            raise ValueError("serve needs --config.serve.hf_dir=<HF dir> and/or "
-                             "--config.serve.checkpoint=<workdir or HF dir> (or serve.init_tiny)")
-        if workdir is None:
-            raise ValueError("serve.init_tiny writes the model into the workdir; pass a workdir")
-        hf_dir = str(write_tiny_model(pathlib.Path(workdir) / "tiny_model", seed))
-    policy = JaxPolicy.from_pretrained(hf_dir, seed=seed)
-    if ckpt:
-        from hsjax.infra.checkpoint import load_params
-
-        policy.update_params(load_params(ckpt))
-    return policy, pathlib.Path(ckpt or hf_dir).resolve().name
-
-
-def main(config, workdir: str) -> None:
-    import uvicorn
-
-    s = config.serve
-    policy, default_name = load_policy(s, seed=int(config.get("seed", 0)), workdir=workdir)
-    model_name = s.get("model_name") or default_name
-    app = build_app(policy, model_name, max_batch=int(s.max_batch),
-                    batch_window_s=float(s.batch_window_ms) / 1000.0,
-                    max_context=int(s.max_context) or None,
-                    default_max_tokens=int(s.default_max_tokens),
-                    max_tokens_limit=int(s.max_tokens_limit), api_key_env=s.get("api_key_env") or None)
-    with open(pathlib.Path(workdir) / "config.json", "w", encoding="utf-8") as f:
-        f.write(config.to_json_best_effort(indent=2))
-    log.info("serve: model %r at http://%s:%d/v1 (auth %s)", model_name, s.host, s.port,
-             f"via ${s.api_key_env}" if s.get("api_key_env") else "off")
-    uvicorn.run(app, host=s.host, port=int(s.port), log_level=s.get("log_level", "info"))

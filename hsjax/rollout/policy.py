@@ -5,26 +5,25 @@ Two kinds, both duck-typed protocols:
 * `TokenPolicy.generate(prompts, sampling) -> list[Generation]`: token ids in, token ids and
   per-token logprobs out. The rollout engine keeps token-exact streams only with these.
 * `ChatPolicy.chat(contexts, sampling, infos) -> list[str]`: chat messages in, text out. External
-  models behind an OpenAI-compatible server and scripted agents are chat policies.
+  models behind an OpenAI-compatible server (`hsjax.llm.http_policy.HttpChatPolicy`) and scripted
+  agents (`hsjax.rollout.scripted`) are chat policies.
 
 `JaxPolicy` is both (it renders the chat template itself for `chat`). See docs/rollout.md for the
-logprob convention, stop handling and the HTTP policy's behaviour on errors.
+logprob convention, stop handling and the HTTP policy's behaviour on errors. `PolicyError` lives
+here, not in `hsjax.llm`, because the rollout layer never imports the llm layer.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import json
-import logging
-import os
 import threading
-import time
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
-import httpx
+import jax
 
-log = logging.getLogger(__name__)
+from hsjax.models import load_pretrained
+from hsjax.models.tokenizer import eos_ids
+from hsjax.rollout import sampler as sampler_lib
 
 
 class PolicyError(RuntimeError):
@@ -117,8 +116,6 @@ class JaxPolicy:
 
     def __init__(self, cfg, params, tokenizer, *, seed: int = 0, eos_ids: Sequence[int] | None = None,
                  **sampler_kwargs):
-        from hsjax.rollout import sampler as sampler_lib
-
         self.cfg = cfg
         self.params = params
         self.tokenizer = tokenizer
@@ -135,8 +132,6 @@ class JaxPolicy:
 
     @classmethod
     def from_pretrained(cls, hf_dir: str, **kwargs) -> "JaxPolicy":
-        from hsjax.models import load_pretrained
-
         cfg, params, tokenizer = load_pretrained(hf_dir)
         return cls(cfg, params, tokenizer, **kwargs)
 
@@ -150,8 +145,6 @@ class JaxPolicy:
             self._seed, self._calls = int(seed), 0
 
     def _next_key(self, sampling: SamplingParams):
-        import jax
-
         with self._lock:
             call = self._calls
             self._calls += 1
@@ -201,16 +194,8 @@ def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
 
 
 def tokenizer_eos_ids(tokenizer) -> tuple[int, ...]:
-    try:
-        from hsjax.models.tokenizer import eos_ids
-        return tuple(eos_ids(tokenizer))
-    except ImportError:
-        ids = {tokenizer.eos_token_id}
-        for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-            tid = tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-                ids.add(tid)
-        return tuple(sorted(i for i in ids if i is not None))
+    """The ids that end a reply: the tokenizer's eos and its chat template's end-of-turn ids."""
+    return tuple(eos_ids(tokenizer))
 
 
 def first_stop_string_end(ids: list[int], stop_strings: Sequence[str],
@@ -233,211 +218,3 @@ def first_stop_string_end(ids: list[int], stop_strings: Sequence[str],
         else:
             lo = mid + 1
     return lo
-
-
-# ---------------------------------------------------------------------------------------------
-# OpenAI-compatible HTTP policy
-
-
-class HttpChatPolicy:
-    """Chat completions from an OpenAI-compatible server (`POST {base_url}/chat/completions`).
-
-    Retries with exponential backoff (`backoff * 2**attempt` seconds, capped at `max_backoff`) on
-    5xx, 429, timeouts, connection errors and malformed replies; any other 4xx fails at once. A
-    context that still fails raises `PolicyError` (or, with `on_error="empty"`, yields "" and a
-    warning). The API key is read from the environment variable `api_key_env` and sent as a
-    Bearer token; it is never logged.
-    """
-
-    def __init__(self, base_url: str, model: str, api_key_env: str | None = None, *,
-                 timeout: float = 60.0, max_retries: int = 3, backoff: float = 1.0,
-                 max_backoff: float = 30.0, max_concurrency: int = 8, on_error: str = "raise",
-                 extra_body: dict | None = None):
-        if on_error not in ("raise", "empty"):
-            raise ValueError(f"HttpChatPolicy on_error={on_error!r}: use 'raise' or 'empty'")
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self.max_retries = max_retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
-        self.max_concurrency = max_concurrency
-        self.on_error = on_error
-        self.extra_body = dict(extra_body or {})
-        headers = {"Content-Type": "application/json"}
-        if api_key_env:
-            key = os.environ.get(api_key_env)
-            if not key:
-                raise PolicyError(f"HttpChatPolicy: environment variable {api_key_env} is unset or "
-                                  "empty; export the API key there or pass api_key_env=None")
-            headers["Authorization"] = f"Bearer {key}"
-        self._client = httpx.Client(timeout=timeout, headers=headers)
-
-    def __repr__(self):
-        return f"HttpChatPolicy(url={self.url!r}, model={self.model!r})"
-
-    def close(self):
-        self._client.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def payload(self, messages: list[dict], sampling: SamplingParams) -> dict:
-        body = {"model": self.model, "messages": messages,
-                "temperature": 0.0 if sampling.greedy else sampling.temperature,
-                "top_p": 1.0 if sampling.greedy else sampling.top_p,
-                "max_tokens": sampling.max_new_tokens, "seed": sampling.seed}
-        if sampling.stop_strings:
-            body["stop"] = list(sampling.stop_strings)
-        if sampling.top_k and not sampling.greedy:
-            body["top_k"] = sampling.top_k  # not OpenAI's; vLLM/SGLang servers accept it
-        body.update(self.extra_body)
-        return body
-
-    def complete(self, messages: list[dict], sampling: SamplingParams) -> str:
-        """One chat completion with retries; returns the reply text or raises `PolicyError`."""
-        body = self.payload(messages, sampling)
-        last_error = "no attempt made"
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
-                log.warning("HttpChatPolicy %s: %s; retry %d/%d in %.1fs", self.url, last_error,
-                            attempt, self.max_retries, delay)
-                time.sleep(delay)
-            try:
-                resp = self._client.post(self.url, json=body)
-            except httpx.TimeoutException as e:
-                last_error = f"timed out ({type(e).__name__})"
-                continue
-            except httpx.TransportError as e:
-                last_error = f"connection error ({type(e).__name__}: {e})"
-                continue
-            if resp.status_code == 429 or resp.status_code >= 500:
-                last_error = f"HTTP {resp.status_code}: {resp.text[:200]!r}"
-                continue
-            if resp.status_code >= 400:
-                raise PolicyError(f"HttpChatPolicy {self.url}: HTTP {resp.status_code} (not "
-                                  f"retried): {resp.text[:500]!r}; check the model name "
-                                  f"{self.model!r}, the API key and the request parameters")
-            try:
-                return parse_chat_completion(resp.text)
-            except ValueError as e:
-                last_error = f"malformed reply ({e})"
-                continue
-        raise PolicyError(f"HttpChatPolicy {self.url}: gave up after {self.max_retries + 1} "
-                          f"attempts; last error: {last_error}")
-
-    def _complete_or_empty(self, messages, sampling):
-        try:
-            return self.complete(messages, sampling)
-        except PolicyError as e:
-            if self.on_error == "raise":
-                raise
-            log.warning("%s; replying with an empty string (on_error='empty')", e)
-            return ""
-
-    def chat(self, contexts: list[list[dict]], sampling: SamplingParams,
-             infos: list[dict] | None = None) -> list[str]:
-        if len(contexts) <= 1 or self.max_concurrency <= 1:
-            return [self._complete_or_empty(m, sampling) for m in contexts]
-        workers = min(self.max_concurrency, len(contexts))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(lambda m: self._complete_or_empty(m, sampling), contexts))
-
-
-def parse_chat_completion(text: str) -> str:
-    """The first choice's message content of a chat-completions reply; ValueError if malformed."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON: {e}; body starts {text[:80]!r}") from None
-    try:
-        content = data["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-        raise ValueError(f"no choices[0].message.content in {text[:200]!r}") from None
-    if content is None:
-        return ""
-    if not isinstance(content, str):
-        raise ValueError(f"choices[0].message.content is {type(content).__name__}, not str")
-    return content
-
-
-# ---------------------------------------------------------------------------------------------
-# Scripted policies (tests, oracles)
-
-
-class ScriptedChatPolicy:
-    """Replies from a function `fn(context, info) -> str`, or from a list consumed in call order."""
-
-    def __init__(self, replies: Callable[[list[dict], dict], str] | Sequence[str]):
-        self._fn = replies if callable(replies) else None
-        self._queue = None if callable(replies) else list(replies)
-        self._lock = threading.Lock()
-        self.calls: list[list[list[dict]]] = []
-
-    def _pop(self) -> str:
-        with self._lock:
-            if not self._queue:
-                raise PolicyError("ScriptedChatPolicy: the list of scripted replies is exhausted; "
-                                  "script more replies or use a function")
-            return self._queue.pop(0)
-
-    def chat(self, contexts: list[list[dict]], sampling: SamplingParams,
-             infos: list[dict] | None = None) -> list[str]:
-        infos = infos if infos is not None else [{} for _ in contexts]
-        self.calls.append(contexts)
-        if self._fn is not None:
-            return [self._fn(ctx, info) for ctx, info in zip(contexts, infos)]
-        return [self._pop() for _ in contexts]
-
-
-class ScriptedTokenPolicy:
-    """Replies as token ids from a function `fn(prompt_ids) -> list[int] | str`, or from a list.
-
-    A str reply is encoded with `tokenizer` and gets `eos_id` appended (a scripted reply that ends
-    its turn). Replies are cut at `max_new_tokens` ("length"); every logprob is `logprob`.
-    """
-
-    def __init__(self, replies, tokenizer=None, eos_id: int | None = None, logprob: float = 0.0):
-        self._fn = replies if callable(replies) else None
-        self._queue = None if callable(replies) else list(replies)
-        self.tokenizer = tokenizer
-        self.eos_id = eos_id
-        self.logprob = logprob
-        self.calls: list[list[list[int]]] = []
-
-    def _reply(self, prompt):
-        if self._fn is not None:
-            return self._fn(prompt)
-        if not self._queue:
-            raise PolicyError("ScriptedTokenPolicy: the list of scripted replies is exhausted")
-        return self._queue.pop(0)
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
-        self.calls.append([list(p) for p in prompts])
-        gens = []
-        for prompt in prompts:
-            reply = self._reply(prompt)
-            if isinstance(reply, str):
-                if self.tokenizer is None:
-                    raise PolicyError("ScriptedTokenPolicy got a str reply but no tokenizer")
-                ids = self.tokenizer.encode(reply, add_special_tokens=False)
-                if self.eos_id is not None:
-                    ids = ids + [self.eos_id]
-            else:
-                ids = [int(i) for i in reply]
-            reason = "stop"
-            if len(ids) > sampling.max_new_tokens:
-                ids, reason = ids[:sampling.max_new_tokens], "length"
-            elif self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
-                reason = "length"
-            text = None
-            if self.tokenizer is not None:
-                body = ids[:-1] if ids and ids[-1] == self.eos_id else ids
-                text = self.tokenizer.decode(body, skip_special_tokens=False)
-            gens.append(Generation(ids=ids, logprobs=[self.logprob] * len(ids), text=text,
-                                   finish_reason=reason))
-        return gens
-

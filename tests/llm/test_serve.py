@@ -17,11 +17,14 @@ import numpy as np
 import pytest
 
 from hsjax.llm import server as serve
+from hsjax.modes import serve as serve_mode
+from hsjax.models.tiny import write_tiny_model
 from hsjax.infra.checkpoint import Checkpointer
 from hsjax.models import get_preset, init_params
 from hsjax.models.tokenizer import IM_END, build_tiny_tokenizer
-from hsjax.rollout.policy import (HttpChatPolicy, JaxPolicy, PolicyError, SamplingParams,
-                          ScriptedTokenPolicy, render_prompt)
+from hsjax.llm.http_policy import HttpChatPolicy
+from hsjax.rollout.policy import JaxPolicy, PolicyError, SamplingParams, render_prompt
+from hsjax.rollout.scripted import ScriptedTokenPolicy
 from hsjax.harness_s.router.voters import LLMVoter, VoteRequest, VoterSpec, vote_all
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -38,7 +41,7 @@ API_KEY = "sk-serve-secret-5d2a81"
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     # Seed 2: greedy replies of this random model differ between MESSAGES and SQL_MESSAGES.
-    return serve.write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny_model", seed=2)
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny_model", seed=2)
 
 
 class CountingSampler:
@@ -301,11 +304,11 @@ def test_load_policy_from_a_workdir_checkpoint(tiny_dir, tmp_path):
     with Checkpointer(tmp_path / "train") as ckpt:
         ckpt.save(3, {"params": params})
     cfg = ml_collections.ConfigDict({"hf_dir": str(tiny_dir), "checkpoint": str(tmp_path / "train")})
-    policy, name = serve.load_policy(cfg)
+    policy, name = serve_mode.load_policy(cfg)
     assert name == "train"
     np.testing.assert_array_equal(np.asarray(policy.params["embed"]), np.asarray(params["embed"]))
     with pytest.raises(ValueError, match="serve.hf_dir"):
-        serve.load_policy(ml_collections.ConfigDict({"hf_dir": "", "checkpoint": str(tmp_path / "train")}))
+        serve_mode.load_policy(ml_collections.ConfigDict({"hf_dir": "", "checkpoint": str(tmp_path / "train")}))
 
 
 def _free_port():

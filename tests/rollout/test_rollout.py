@@ -7,8 +7,8 @@ import pytest
 
 from hsjax.models import forward, get_preset, init_params
 from hsjax.models.tokenizer import IM_END, build_tiny_tokenizer
-from hsjax.rollout.policy import (JaxPolicy, ScriptedChatPolicy, ScriptedTokenPolicy,
-                          SamplingParams)
+from hsjax.rollout.policy import JaxPolicy, SamplingParams
+from hsjax.rollout.scripted import ScriptedChatPolicy, ScriptedTokenPolicy
 from hsjax.rollout.engine import CONTEXT_OVERFLOW, collect, continuation_ids, rollout_stats
 
 

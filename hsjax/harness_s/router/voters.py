@@ -15,10 +15,13 @@ fails or talks nonsense is dropped from that decision and counted under one reas
     missing_api_key   the voter's `api_key_env` variable is unset or empty
     error          anything else (a bug surfaced as a count, not a crash)
 
-Transport failures (timeout, 429/5xx, connection) are retried with exponential backoff; malformed
-and unknown-name answers are not, since a deterministic voter would repeat them. API keys are read
-from the environment at call time and only ever placed in the `Authorization` header; they are
-kept out of reprs, logs (server error text is redacted) and state.
+Each voter talks through the shared `hsjax.llm.client.ChatClient` (with `retry_malformed` off), whose
+`LLMError.reason` is the voter's status: transport failures (timeout, 429/5xx, connection) are
+retried with exponential backoff (honouring a server's Retry-After up to `max_backoff_s`);
+malformed and unknown-name answers are not, since a deterministic voter would repeat them. API keys
+are read from the environment at call time and only ever placed in the `Authorization` header;
+they are kept out of reprs, logs and details (the client's redaction; a reply is redacted before
+it is parsed, so a parse error quoting it cannot leak the key either) and state.
 """
 from __future__ import annotations
 
@@ -28,13 +31,12 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import re
 import threading
 import time
 from typing import Sequence
 
-import httpx
+from hsjax.llm.client import ChatClient, ClientSettings, LLMError
+from hsjax.llm.json_extract import find_json
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +66,22 @@ class VoterSpec:
     backoff_s: float = 0.5
     max_tokens: int = 256
     temperature: float = 0.0
+    # Longest wait before a retry, even when the server's Retry-After asks for more: a voter is
+    # one opinion among several, not worth holding a decision for.
+    max_backoff_s: float = 5.0
 
     def __post_init__(self):
         if not self.name:
             raise ValueError("VoterSpec.name must be a non-empty string (it keys stats and caches)")
-        if self.timeout_s <= 0 or self.max_retries < 0 or self.weight < 0:
-            raise ValueError(f"VoterSpec {self.name!r}: timeout_s must be > 0, max_retries >= 0, "
-                             f"weight >= 0; got {self.timeout_s}, {self.max_retries}, {self.weight}")
+        if self.timeout_s <= 0 or self.max_retries < 0 or self.weight < 0 or self.max_backoff_s < 0:
+            raise ValueError(f"VoterSpec {self.name!r}: timeout_s must be > 0, max_retries >= 0, weight >= 0, "
+                             f"max_backoff_s >= 0; got {self.timeout_s}, {self.max_retries}, {self.weight}, "
+                             f"{self.max_backoff_s}")
+
+    def client_settings(self) -> ClientSettings:
+        return ClientSettings(base_url=self.base_url, model=self.model, api_key_env=self.api_key_env,
+                              timeout_s=self.timeout_s, max_retries=self.max_retries, backoff_s=self.backoff_s,
+                              max_backoff_s=self.max_backoff_s, retry_malformed=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,27 +141,6 @@ class VoteError(ValueError):
 # Parsing
 
 
-_FENCE = re.compile(r"```[A-Za-z0-9_-]*\s*\n?(.*?)```", re.S)
-
-
-def _json_candidates(text: str):
-    """Yields (value, whole) for JSON found in `text`: the whole text and each code fence's body
-    (whole=True), then each object that decodes from a '{' onwards (prose around the JSON)."""
-    for chunk in [text, *_FENCE.findall(text)]:
-        try:
-            yield json.loads(chunk.strip()), True
-        except ValueError:
-            pass
-    decoder = json.JSONDecoder()
-    for i, ch in enumerate(text):
-        if ch == "{":
-            try:
-                value, _ = decoder.raw_decode(text, i)
-            except ValueError:
-                continue
-            yield value, False
-
-
 def parse_ranking(text: str, candidates: Sequence[str]) -> list[str]:
     """The known harness names of a voter's reply, best first, without duplicates.
 
@@ -159,14 +149,7 @@ def parse_ranking(text: str, candidates: Sequence[str]) -> list[str]:
     dropped; names match exactly, then ignoring case and surrounding space. Raises `VoteError` with
     reason `malformed` (no ranking found) or `unknown_names` (no name is a candidate).
     """
-    ranking = None
-    for value, whole in _json_candidates(text):
-        if isinstance(value, dict) and isinstance(value.get("ranking"), list):
-            ranking = value["ranking"]
-            break
-        if whole and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            ranking = value
-            break
+    ranking = find_json(text, _ranking_of)
     if ranking is None:
         raise VoteError("malformed", f"no JSON ranking in the reply: {text[:200]!r}")
     exact = set(candidates)
@@ -183,16 +166,14 @@ def parse_ranking(text: str, candidates: Sequence[str]) -> list[str]:
     return out
 
 
-def reply_text(body: str) -> str:
-    """The message content of an OpenAI-style chat completion body."""
-    try:
-        data = json.loads(body)
-        content = data["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError) as e:
-        raise VoteError("malformed", f"not a chat completion ({type(e).__name__}): {body[:200]!r}") from None
-    if not isinstance(content, str):
-        raise VoteError("malformed", f"message content is {type(content).__name__}, not text")
-    return content
+def _ranking_of(value, whole: bool) -> list | None:
+    """The ranking a JSON value holds: `{"ranking": [...]}` anywhere, a non-empty list of strings
+    only as the whole reply or a whole fence."""
+    if isinstance(value, dict) and isinstance(value.get("ranking"), list):
+        return value["ranking"]
+    if whole and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return value
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +186,7 @@ class LLMVoter:
     def __init__(self, spec: VoterSpec):
         self.spec = spec
         self.url = spec.base_url.rstrip("/") + "/chat/completions"
-        self._client = httpx.Client(timeout=spec.timeout_s)
+        self.client = ChatClient(spec.client_settings(), label=f"voter {spec.name}")
 
     @property
     def name(self) -> str:
@@ -216,57 +197,28 @@ class LLMVoter:
                 f"api_key_env={self.spec.api_key_env!r})")
 
     def close(self):
-        self._client.close()
+        self.client.close()
 
     def vote(self, request: VoteRequest) -> VoteResult:
         start = time.monotonic()
         try:
             result = self._vote(request)
         except Exception as e:  # a voter must never crash training
-            result = VoteResult(self.name, "error", detail=f"{type(e).__name__}: {e}")
+            result = VoteResult(self.name, "error", detail=self.client.redact(f"{type(e).__name__}: {e}"))
         result.latency_s = time.monotonic() - start
         return result
 
     def _vote(self, request: VoteRequest) -> VoteResult:
-        key = None
-        if self.spec.api_key_env:
-            key = os.environ.get(self.spec.api_key_env)
-            if not key:
-                return VoteResult(self.name, "missing_api_key",
-                                  detail=f"environment variable {self.spec.api_key_env} is unset or empty")
-        headers = {"Content-Type": "application/json"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        body = {"model": self.spec.model, "messages": request.messages(),
-                "temperature": self.spec.temperature, "max_tokens": self.spec.max_tokens}
-        reason, detail = "error", "no attempt made"
-        for attempt in range(self.spec.max_retries + 1):
-            if attempt:
-                time.sleep(self.spec.backoff_s * 2 ** (attempt - 1))
-            try:
-                resp = self._client.post(self.url, json=body, headers=headers)
-            except httpx.TimeoutException as e:
-                reason, detail = "timeout", f"timed out after {self.spec.timeout_s}s ({type(e).__name__})"
-                continue
-            except httpx.TransportError as e:
-                reason, detail = "connection_error", f"{type(e).__name__}: {e}"
-                continue
-            if resp.status_code == 429 or resp.status_code >= 500:
-                reason, detail = "http_error", f"HTTP {resp.status_code}: {resp.text[:200]!r}"
-                continue
-            if resp.status_code >= 400:
-                detail = f"HTTP {resp.status_code} (not retried): {resp.text[:200]!r}"
-                return VoteResult(self.name, "http_error", attempts=attempt + 1, detail=_redact(detail, key))
-            try:
-                ranking = parse_ranking(reply_text(resp.text), request.candidates)
-            except VoteError as e:
-                return VoteResult(self.name, e.reason, attempts=attempt + 1, detail=_redact(str(e), key))
-            return VoteResult(self.name, "ok", ranking, attempts=attempt + 1)
-        return VoteResult(self.name, reason, attempts=self.spec.max_retries + 1, detail=_redact(detail, key))
-
-
-def _redact(text: str, key: str | None) -> str:
-    return text.replace(key, "[REDACTED]") if key else text
+        try:
+            reply = self.client.complete(request.messages(), temperature=self.spec.temperature,
+                                         max_tokens=self.spec.max_tokens)
+        except LLMError as e:  # its reasons are voter statuses (FAILURE_REASONS)
+            return VoteResult(self.name, e.reason, attempts=e.attempts, detail=e.detail)
+        try:
+            ranking = parse_ranking(self.client.redact(reply.text), request.candidates)
+        except VoteError as e:
+            return VoteResult(self.name, e.reason, attempts=reply.attempts, detail=str(e))
+        return VoteResult(self.name, "ok", ranking, attempts=reply.attempts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,7 +263,8 @@ def vote_all(voters: Sequence[LLMVoter], request: VoteRequest, *, cache: VoteCac
 
     `deadline_s` bounds the whole decision: voters still running then count as `timeout` (their
     threads finish in the background and are ignored). By default the deadline is the slowest
-    voter's worst case, `timeout_s * (max_retries + 1)` plus its backoff sleeps, plus one second.
+    voter's worst case, `timeout_s * (max_retries + 1)` plus its backoff sleeps, plus one second;
+    a server's Retry-After longer than the backoff (up to `max_backoff_s`) can push a voter past it.
     """
     start = time.monotonic()
     names = [v.name for v in voters]
