@@ -4,45 +4,70 @@
         python run.py --config experiments/dbbench.py:smoke --config.total_steps=4 --workdir /tmp/hsjax/smoke
 
 `--config path.py[:arg]` names an experiment file whose `get_config(arg)` returns a locked
-`ml_collections.ConfigDict`; `--config.key=value` overrides a field (a typo is an error).
-`config.mode` picks the module whose `main(config, workdir)` runs.
+`ml_collections.ConfigDict`; `--config.key=value` overrides a field (a typo is an error, and so is
+an override of a key that the chosen kind of its block never reads). `config.mode` picks the module
+whose `main(config, workdir)` runs. The console shows progress and results; every log record goes
+to `<workdir>/log.txt` (`--verbose` shows INFO records on the console too).
 """
 import importlib
 import os
+import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
+
+from hsjax.infra import console
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment file, e.g. experiments/dbbench.py:eval.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and outputs.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show INFO log records on the console.")
 
+# One module per mode, each with `main(config, workdir)` and optionally `unread(config)`.
 MODES = {
     "train": "hsjax.modes.train",
     "eval": "hsjax.modes.evaluate",
+    "evolve": "hsjax.modes.evolve",
+    "rank1": "hsjax.modes.rank1",
+    "serve": "hsjax.modes.serve",
     "sft": "hsjax.studies.testbed.warmstart",
-    "evolve": "hsjax.harness_s.evolve",
-    "serve": "hsjax.llm.server",
     "probe": "hsjax.studies.testbed.probe",
     "testbed_demo": "hsjax.studies.testbed.demo",
 }
 
 
+def unread_overrides(overrides, unread: dict[str, str]) -> list[str]:
+    """The command-line overrides that set a key (or a key under one) the run never reads."""
+    return [f"--config.{key} is set, but {unread[u]}" for key in overrides for u in unread
+            if key == u or key.startswith(u + ".")]
+
+
+def fail(message: str):
+    """Ends the run before it starts, with one line that says what is wrong and how to fix it."""
+    print(f"run.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        fail(f"unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
     if config is None:
-        raise app.UsageError("--config is required, e.g. --config experiments/dbbench.py:eval")
+        fail("--config is required, e.g. --config experiments/dbbench.py:eval")
     mode = config.get("mode")
     if mode not in MODES:
-        raise app.UsageError(f"config.mode={mode!r} is not one of {sorted(MODES)}")
+        fail(f"config.mode={mode!r} is not one of {sorted(MODES)}")
     workdir = _WORKDIR.value
     if not workdir:
-        raise app.UsageError("--workdir is required: it receives config.json, metrics and outputs.")
-    os.makedirs(workdir, exist_ok=True)
-    logging.info("mode=%s workdir=%s", mode, workdir)
+        fail("--workdir is required: it receives config.json, metrics and outputs")
     module = importlib.import_module(MODES[mode])
+    if hasattr(module, "unread"):
+        errors = unread_overrides(config_flags.get_override_values(flags.FLAGS["config"]), module.unread(config))
+        if errors:
+            fail("; ".join(errors) + ". Drop the override, or choose the kind that reads it.")
+    os.makedirs(workdir, exist_ok=True)
+    log_path = console.setup_logging(workdir, verbose=_VERBOSE.value)
+    console.say(f"{mode}: {config_flags.get_config_filename(flags.FLAGS['config'])} -> {workdir} (log: {log_path})")
     module.main(config, workdir)
 
 

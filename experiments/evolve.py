@@ -1,7 +1,7 @@
 """Directional harness evolution, the three pool properties, and Rank-1 inference on DBBench.
 
-`get_config(arg)`: `arg` is a comma-separated list of variants from `VARIANTS`, applied in order to
-`base_config()` (the default, no variant, is `dev`).
+`get_config(arg)`: `arg` is a comma-separated list of variants. With `rank1` among them the config
+is Rank-1's (`RANK1_VARIANTS`), else evolution's (`EVOLVE_VARIANTS`; no variant is `dev`).
 
 Evolution (writes W/pool.json, W/analysis/*.json, W/plots/*.png; prints the direction table):
 
@@ -17,7 +17,7 @@ Evolution (writes W/pool.json, W/analysis/*.json, W/plots/*.png; prints the dire
     python run.py --config experiments/evolve.py:standard,http --config.policy.base_url=http://127.0.0.1:8000/v1 \
         --config.policy.model=qwen2.5-7b-instruct --workdir /tmp/hsjax/evolve_http
 
-Rank-1 (eval mode `rank1`; `hsjax.harness_s.rank1.main(config, workdir)` writes W/eval/rank1.json):
+Rank-1 (mode `rank1`, hsjax/modes/rank1.py, writes W/eval/rank1.json):
 
     # profiles from standard_train, then dev: base vs the router's single harness, 1 rollout each
     python run.py --config experiments/evolve.py:rank1 --config.rank1.pool=/tmp/hsjax/evolve_dev/pool.json \
@@ -37,7 +37,10 @@ from __future__ import annotations
 
 import ml_collections
 
-SLIP_NAMES = ("format_slip", "skip_schema", "premature_answer", "long_output", "answer_format", "turn_waste")
+from hsjax.infra import experiments
+
+common = experiments.load("common")
+
 DEV_NOISE = {"format_slip": 0.15, "skip_schema": 0.15, "premature_answer": 0.15, "long_output": 0.2,
              "answer_format": 0.15, "turn_waste": 0.15}
 # A second policy for nonstationarity: format slips mostly come with schema slips, so repairing the
@@ -46,46 +49,24 @@ COMPARE_NOISE = {"format_slip": 0.3, "skip_schema": 0.6, "premature_answer": 0.0
                  "answer_format": 0.15, "turn_waste": 0.3}
 
 
-def _policy(kind: str = "scripted", noise: dict | None = None) -> ml_collections.ConfigDict:
-    p = ml_collections.ConfigDict()
-    p.kind = kind  # oracle | scripted | http | jax ("" in analysis.compare: skip nonstationarity)
-    p.base_url = ""  # http
-    p.model = ""  # http
-    p.api_key_env = ""  # http: name of the env var holding the key
-    p.timeout = 60.0  # http, seconds per request
-    p.checkpoint = ""  # jax: an HF directory, or a workdir checkpoint (then also hf_dir)
-    p.hf_dir = ""
-    p.noise = ml_collections.ConfigDict({n: float((noise or {}).get(n, 0.0)) for n in SLIP_NAMES})  # scripted
-    return p
-
-
-def base_config() -> ml_collections.ConfigDict:
+def _shared(mode: str, name: str) -> ml_collections.ConfigDict:
+    """What evolve and rank1 both read: benchmark, the policy that plays, sampling and the runner."""
     c = ml_collections.ConfigDict()
-    c.mode = "evolve"
-    c.name = "evolve"
+    c.mode = mode
+    c.name = name
     c.seed = 0
+    c.benchmark = common.benchmark("dbbench")
+    c.policy = common.policy("scripted", DEV_NOISE)
+    c.sampling = common.sampling(greedy=True, max_new_tokens=512)
+    c.runner = common.runner(batch_size=256)
+    return c
+
+
+def evolve_config() -> ml_collections.ConfigDict:
+    c = _shared("evolve", "evolve")
+    c.pool = common.DEFAULT_POOL  # its base harness is the one evolved from
     c.split = "dev"  # tasks whose base failures are repaired: dev | standard | standard_train | standard_heldout
     c.limit = 0  # 0 = all tasks of the split
-
-    c.backend = ml_collections.ConfigDict()
-    c.backend.kind = "sqlite"  # sqlite | mariadb
-    c.backend.url = ""
-    c.backend.time_budget_s = 2.0
-
-    c.policy = _policy("scripted", DEV_NOISE)
-    c.sampling = ml_collections.ConfigDict()
-    c.sampling.greedy = True
-    c.sampling.temperature = 1.0
-    c.sampling.top_p = 1.0
-    c.sampling.top_k = 0
-    c.sampling.max_new_tokens = 512
-
-    c.eval = ml_collections.ConfigDict()
-    c.eval.mode = "eval"  # eval | rank1 (the rank1 variant)
-    c.eval.rule = "v0.2"
-    c.eval.batch_size = 256  # episodes per collect() call
-    c.eval.env_workers = 4
-    c.eval.max_context_tokens = 0
 
     c.evolve = ml_collections.ConfigDict()
     c.evolve.seed = 0
@@ -110,10 +91,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.analysis = ml_collections.ConfigDict()
     c.analysis.enabled = True
     c.analysis.tries = 1
-    c.analysis.compare = _policy("scripted", COMPARE_NOISE)  # kind="" to skip nonstationarity
+    c.analysis.compare = common.policy("scripted", COMPARE_NOISE)  # kind="" to skip nonstationarity
+    return c
 
+
+def rank1_config() -> ml_collections.ConfigDict:
+    c = _shared("rank1", "rank1")
     c.rank1 = ml_collections.ConfigDict()
-    c.rank1.pool = "harness_envs/pools/dbbench_siblings.json"  # e.g. W/pool.json from evolve
+    c.rank1.pool = common.DEFAULT_POOL  # e.g. W/pool.json from evolve
     c.rank1.profiles = ""  # a profiles.json of success rates to use instead of profiling
     c.rank1.profile_split = "standard_train"
     c.rank1.profile_limit = 0
@@ -123,10 +108,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.rank1.probe = "none"  # none: task type only; base: the first rollout is a base probe whose
     #                         failure mode is a feature for the remaining rollouts (rollouts >= 2)
     return c
-
-
-def _dev(c):
-    c.split = "dev"
 
 
 def _standard(c):
@@ -142,28 +123,27 @@ def _http(c):
     c.analysis.compare.kind = ""
 
 
-def _rank1(c):
-    c.mode = "eval"
-    c.name = "rank1"
-    c.eval.mode = "rank1"
-    c.analysis.enabled = False
-
-
 def _smoke(c):
-    c.limit = 30
-    c.evolve.max_candidates = 6
-    c.evolve.regression_sample = 10
-    c.rank1.profile_limit = 60
-    c.rank1.limit = 30
+    if c.mode == "evolve":
+        c.limit = 30
+        c.evolve.max_candidates = 6
+        c.evolve.regression_sample = 10
+    else:
+        c.rank1.profile_limit = 60
+        c.rank1.limit = 30
 
 
-VARIANTS = {"dev": _dev, "standard": _standard, "llm": _llm, "http": _http, "rank1": _rank1, "smoke": _smoke}
+EVOLVE_VARIANTS = {"dev": lambda c: None, "standard": _standard, "llm": _llm, "http": _http, "smoke": _smoke}
+RANK1_VARIANTS = {"rank1": lambda c: None, "http": lambda c: setattr(c.policy, "kind", "http"), "smoke": _smoke}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = base_config()
-    for variant in [a.strip() for a in (arg or "").split(",") if a.strip()]:
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown experiments/evolve.py variant {variant!r}; known: {sorted(VARIANTS)}")
-        VARIANTS[variant](c)
+    names = common.variants(arg)
+    rank1 = "rank1" in names
+    c, table = (rank1_config(), RANK1_VARIANTS) if rank1 else (evolve_config(), EVOLVE_VARIANTS)
+    for name in names:
+        if name not in table:
+            raise ValueError(f"unknown experiments/evolve.py variant {name!r} for mode {c.mode}; "
+                             f"known: {sorted(table)}")
+        table[name](c)
     return c

@@ -32,6 +32,10 @@ from __future__ import annotations
 
 import ml_collections
 
+from hsjax.infra import experiments
+
+common = experiments.load("common")
+
 FAMILIES_A = ("other", "counting", "ranking", "aggregation-SUM", "aggregation-MAX", "INSERT")
 FAMILIES_B = ("comparison", "aggregation-MIN", "aggregation-AVG", "UPDATE")
 HARNESSES = ("base", "lenient_parse", "schema_reminder", "verify_answer", "paged_results",
@@ -43,8 +47,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.mode = "sft"
     c.name = "testbed"
     c.seed = 0
-    c.benchmark = "synth"
-    c.pool = "harness_envs/pools/dbbench_siblings.json"
+    c.benchmark = common.benchmark("synth")
+    c.pool = common.DEFAULT_POOL
 
     c.data = ml_collections.ConfigDict()
     c.data.train_split = "synth_train"
@@ -53,7 +57,6 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = "tiny"
-    c.model.hf_dir = ""  # later arms: the SFT output W/hf
     # Preset fields changed with dataclasses.replace; 0 keeps the preset's value.
     c.model.overrides = ml_collections.ConfigDict(
         {"hidden_size": 0, "intermediate_size": 0, "num_layers": 0, "num_heads": 0, "num_kv_heads": 0,
@@ -113,15 +116,19 @@ def _format_slip(c: ml_collections.ConfigDict) -> None:
     c.regime.b_style = "format_slip"
 
 
-def _demo(c: ml_collections.ConfigDict) -> None:
+def demo_config() -> ml_collections.ConfigDict:
     """README's main job (hsjax/studies/testbed/demo.py): the shipped warm start, scored, then trained by
     Harness-S and by plain GRPO, each scored again under the base harness."""
+    c = ml_collections.ConfigDict()
     c.mode = "testbed_demo"
-    c.model.hf_dir = "assets/testbed_warmstart"
+    c.name = "testbed_demo"
+    c.seed = 0
+    c.model = ml_collections.ConfigDict({"hf_dir": "assets/testbed_warmstart"})
     c.demo = ml_collections.ConfigDict()
     c.demo.arms = ("harness_s", "policy_only")
     c.demo.total_steps = 5  # with the evaluations, about 8 minutes on the 2-core CPU
     c.demo.eval_limit = 30
+    return c
 
 
 def _smoke(c: ml_collections.ConfigDict) -> None:
@@ -153,7 +160,6 @@ VARIANTS = {
     "gpu": _gpu,
     "premature": _premature,
     "format_slip": _format_slip,
-    "demo": _demo,
     "smoke": _smoke,
 }
 
@@ -172,11 +178,9 @@ TESTBED_HINT = ("If a statement fails with an unknown column, read the column na
 
 
 def _train_base(arm: str) -> ml_collections.ConfigDict:
-    from hsjax.infra import experiments
-
     c = experiments.get_config("dbbench", arm)
     c.name = "testbed"
-    c.benchmark = "synth"
+    c.benchmark.name = "synth"
     c.data.train_split = "synth_train"
     c.data.limit = 0
     c.data.task_seed = 0  # the SFT warm start's tasks (base_config's data.task_seed)
@@ -288,7 +292,9 @@ ARM_MODIFIERS = {"smoke": _arm_smoke, "gpu": _arm_gpu}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    variants = [a.strip() for a in (arg or "").split(",") if a.strip()]
+    variants = common.variants(arg)
+    if variants == ["demo"]:
+        return demo_config()
     arms = [v for v in variants if v in TRAIN_ARMS]
     if len(arms) > 1:
         raise ValueError(f"name one training arm, got {arms}")

@@ -23,20 +23,21 @@ from __future__ import annotations
 
 import ml_collections
 
+from hsjax.infra import experiments
+
+common = experiments.load("common")
+
 
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.mode = "probe"
     c.name = "testbed_probe"
     c.seed = 0
-    c.benchmark = "synth"
-    c.pool = "harness_envs/pools/dbbench_siblings.json"
+    c.benchmark = common.benchmark("synth")
+    c.pool = common.DEFAULT_POOL
 
     c.model = ml_collections.ConfigDict()
     c.model.hf_dir = ""  # the warm start (experiments/testbed.py:sft writes W/hf); required
-
-    c.backend = ml_collections.ConfigDict()
-    c.backend.kind = "sqlite"
 
     c.probe = ml_collections.ConfigDict()
     c.probe.checkpoints = "hf"  # comma-separated: hf | <train workdir>:<step>

@@ -15,14 +15,13 @@ import pathlib
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from harness_envs.synth import tasks as synth_tasks
+from harness_envs.synth.benchmark import Synth
+from hsjax.rollout.policy import JaxPolicy, SamplingParams
+from hsjax.rollout.runner import EpisodeRunner
+from hsjax.studies.testbed import warmstart as sft
 
-from harness_envs import harness as hz  # noqa: E402
-from harness_envs.dbbench.sqlite_backend import SQLiteBackend  # noqa: E402
-from harness_envs.synth import tasks as synth_tasks  # noqa: E402
-from hsjax.studies.testbed import warmstart as sft  # noqa: E402
-from hsjax.rollout.policy import JaxPolicy, SamplingParams  # noqa: E402
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 FAMILIES_B = ("comparison", "aggregation-MIN", "aggregation-AVG", "UPDATE")
 
@@ -36,8 +35,8 @@ def main(argv=None) -> int:
     parser.add_argument("--temperatures", default="0,0.7,1.0")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    pool = hz.load_pool(REPO / "harness_envs" / "pools" / "dbbench_siblings.json")
-    specs = [pool[name] for name in args.harnesses.split(",")]
+    bench = Synth()
+    specs = bench.load_pool().select(args.harnesses.split(","))
     tasks = [t for t in synth_tasks.by_type(synth_tasks.make_tasks("synth_train", 40 * args.per_type,
                                                                    args.task_seed), args.per_type)
              if t.type in FAMILIES_B]
@@ -47,7 +46,8 @@ def main(argv=None) -> int:
     for temp in [float(t) for t in args.temperatures.split(",")]:
         t0 = time.perf_counter()
         sampling = SamplingParams(greedy=temp == 0.0, temperature=temp or 1.0, max_new_tokens=64, seed=args.seed)
-        result = sft.evaluate_families(policy, tasks, specs, sampling, SQLiteBackend(), batch_size=128)
+        runner = EpisodeRunner(bench.make_episode, policy, sampling, batch_size=128)
+        result = sft.evaluate_families(runner, tasks, specs, sampling)
         print(f"{'greedy' if temp == 0 else temp:<12}"
               + "".join(f"{100 * result['summary'][s.name]['success']:>17.1f}%" for s in specs)
               + f"{time.perf_counter() - t0:>6.0f}", flush=True)

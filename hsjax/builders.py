@@ -1,192 +1,194 @@
-"""What a training run works on, built from its config: tasks, harnesses, model, policy, rescuer.
+"""Objects built from a run's config: benchmark, pool, model, policy, sampling, rescuer, voters.
 
-Kept apart from `train.py` so the loop reads as the algorithm, and so evaluation and analysis
-scripts build exactly the same objects from the same config.
+Every mode builds what it runs on here, so evaluation, training, evolution and the studies get the
+same objects from the same config blocks (`experiments/common.py` makes those blocks). Builders
+that switch on a `kind` also say which keys each kind reads (`unread_keys`): `run.py` rejects a
+command-line override of a key the chosen kind never reads, before anything runs.
 """
+from __future__ import annotations
+
 import dataclasses
-import json
-from typing import Any, Callable
+from typing import Mapping
 
 import jax
-import numpy as np
 
-from harness_envs import harness as hz
-from harness_envs.dbbench import data as db_data
-from harness_envs.dbbench import evaluator as db_evaluator
-from harness_envs.dbbench import harness as db_harness
-from harness_envs.dbbench.env import DBBenchEpisode
+from harness_envs.benchmark import Benchmark
+from harness_envs.harness import Pool
+from harness_envs.registry import make_benchmark as _make_benchmark
+from hsjax import models
 from hsjax.harness_s import rescue as rescue_lib
-from hsjax.infra.metrics import to_python
+from hsjax.harness_s.router import HarnessSRescuer, Profiles, Router, VoterSpec
+from hsjax.harness_s.router.local_voters import start_local_voters as _start_local_voters
+from hsjax.infra import checkpoint as ckpt_lib
+from hsjax.infra import paths
+from hsjax.llm.http_policy import HttpChatPolicy
+from hsjax.models import presets
+from hsjax.models.tokenizer import build_tiny_tokenizer
+from hsjax.rollout.policy import JaxPolicy, SamplingParams
+
+# Keys of a block that only some kinds read: {kind: keys read besides `kind`}.
+POLICY_READS = {"http": ("base_url", "model", "api_key_env", "timeout"), "jax": ("checkpoint", "hf_dir"),
+                "scripted": ("noise",), "oracle": ()}
+BACKEND_READS = {"sqlite": ("time_budget_s",), "mariadb": ("url", "time_budget_s")}
+RESCUE_READS = {"none": (), "random": ("k", "m"), "fixed": ("siblings", "m"), "hint": ("hint", "m"),
+                "harness_s": ("k", "m")}
 
 
-class TaskStream:
-    """An endless, reproducible stream of training tasks: a fresh permutation per epoch.
-
-    Its whole state is the position, so checkpointing it makes resumed runs draw the same tasks.
-    """
-
-    def __init__(self, tasks, seed: int):
-        if not tasks:
-            raise ValueError("the training split has no tasks")
-        self.tasks, self.seed, self.position = list(tasks), seed, 0
-
-    def _order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
-
-    def next(self, count: int) -> list:
-        out = []
-        for _ in range(count):
-            epoch, offset = divmod(self.position, len(self.tasks))
-            out.append(self.tasks[self._order(epoch)[offset]])
-            self.position += 1
-        return out
-
-    def state_dict(self) -> dict:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.position = int(state["position"])
+def unread_keys(block, path: str, reads: Mapping[str, tuple], selector: str = "kind") -> dict[str, str]:
+    """{dotted key: why} for the keys of `block` (at `path`) that its chosen `selector` never reads."""
+    chosen = block[selector]
+    if chosen not in reads:
+        return {}
+    return {f"{path}.{k}": f"{path}.{selector}={chosen!r} never reads it" for k in block
+            if k != selector and k not in reads[chosen]}
 
 
-@dataclasses.dataclass
-class Workload:
-    """A benchmark's tasks and harnesses, and how to make an episode of a task under a harness."""
-
-    train_tasks: list
-    eval_tasks: list
-    base: hz.HarnessSpec
-    siblings: list
-    make_episode: Callable[..., Any]
-    summarize: Callable[[list], dict]
-    initial_messages: Callable[[Any, hz.HarnessSpec], list]
-    tokenizer: Any = None
-    # More evaluation sets, {split name: tasks} (`config.eval.extra_splits`), scored like eval_tasks.
-    extra_eval_tasks: dict = dataclasses.field(default_factory=dict)
-
-    def set_tokenizer(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self._tasks = {t.task_id: t for t in self.train_tasks + self.eval_tasks}
-        for tasks in self.extra_eval_tasks.values():
-            self._tasks.update((t.task_id, t) for t in tasks)
-
-    @property
-    def pad_id(self) -> int:
-        pad = self.tokenizer.pad_token_id
-        return int(pad if pad is not None else self.tokenizer.eos_token_id)
-
-    def rerender_in_base(self, traj):
-        """The rescue trajectory with its sibling instruction prefix replaced by the base harness's.
-
-        The policy's actions and the observations it saw stay token-for-token; only the initial
-        context (instruction, acknowledgement, question) is the base harness's, so the update can
-        train those actions "as if" produced under the base harness (`rescue_context='base'`).
-        Returns None when that is not well defined (several segments: the harness rewrote history).
-        """
-        from hsjax.rollout.policy import render_prompt
-        from hsjax.rollout.engine import Segment
-
-        if len(traj.segments) != 1 or not traj.turns:
-            return None
-        task = self._tasks[traj.result["task_id"]]
-        base_prompt = np.asarray(render_prompt(self.tokenizer, self.initial_messages(task, self.base)),
-                                 np.int32)
-        seg, cut = traj.segments[0], int(traj.turns[0]["prompt_tokens"])
-        rest = slice(cut, None)
-        rerendered = Segment(
-            tokens=np.concatenate([base_prompt, seg.tokens[rest]]).astype(np.int32),
-            loss_mask=np.concatenate([np.zeros(len(base_prompt), seg.loss_mask.dtype), seg.loss_mask[rest]]),
-            logprobs=np.concatenate([np.zeros(len(base_prompt), np.float32), seg.logprobs[rest]]))
-        return dataclasses.replace(traj, segments=[rerendered])
+# ------------------------------------------------------------------------------------------------
+# Benchmark and harnesses
 
 
-def _db_protocol(config, load_split, eval_load_split=None) -> Workload:
-    """A workload on the DBBench protocol (episodes, harnesses, evaluator) over `load_split` tasks."""
-    from hsjax.modes.evaluate import build_backend, resolve_path
-
-    backend = build_backend(config.backend)
-    pool = hz.load_pool(resolve_path(config.pool)) if config.pool else {"base": hz.BASE}
-    siblings = [pool[name] for name in pool if name != "base"]
-    if config.rescue.kind == "hint":
-        # Guide-GRPO's rescuer: one hint-augmented copy of the base harness, not the pool.
-        siblings = [pool["base"].with_knobs(name="hint", direction="hint", hint=config.rescue.hint)]
-
-    def split(name, limit, load=load_split):
-        tasks = load(name)
-        return tasks[:limit] if limit else tasks
-
-    def make_episode(task, spec, sample_index=0):
-        return DBBenchEpisode(task, spec, backend, sample_index=sample_index)
-
-    return Workload(
-        train_tasks=split(config.data.train_split, config.data.get("limit", 0)),
-        eval_tasks=split(config.eval.split, config.eval.limit, eval_load_split or load_split),
-        extra_eval_tasks={name: split(name, config.eval.limit, eval_load_split or load_split)
-                          for name in config.eval.get("extra_splits", ()) if name != config.eval.split},
-        base=pool["base"], siblings=siblings, make_episode=make_episode,
-        summarize=db_evaluator.summarize,
-        initial_messages=lambda task, spec: db_harness.initial_messages(
-            spec, task.question, task.add_description))
+def make_benchmark(config) -> Benchmark:
+    """`config.benchmark`: `name` and the benchmark's options (DBBench: `backend`, `rule`)."""
+    options = {k: v for k, v in config.benchmark.items() if k != "name"}
+    options = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in options.items()}
+    return _make_benchmark(config.benchmark.name, **options)
 
 
-def _dbbench(config) -> Workload:
-    return _db_protocol(config, db_data.load_split)
+def benchmark_unread(config) -> dict[str, str]:
+    backend = config.benchmark.get("backend")
+    return unread_keys(backend, "benchmark.backend", BACKEND_READS) if backend is not None else {}
 
 
-def _synth(config) -> Workload:
-    """The testbed's generated tasks (`harness_envs/synth`), same protocol and evaluator."""
-    from harness_envs.synth import tasks as synth_tasks
-
-    # Task seeds pick which tasks of a split (its domains and wordings are fixed): evaluating with
-    # another seed than training gives unseen tasks of the training domains.
-    train_seed, eval_seed = config.data.get("task_seed", 0), config.eval.get("task_seed", 0)
-    return _db_protocol(config, lambda name: synth_tasks.load_split(name, seed=train_seed),
-                        lambda name: synth_tasks.load_split(name, seed=eval_seed))
-
-
-WORKLOADS = {"dbbench": _dbbench, "synth": _synth}
+def harness_names(value) -> list[str]:
+    """Harness names from a config value: a list/tuple, or one comma-separated string (what a
+    command-line override of a tuple field gives)."""
+    items = [value] if isinstance(value, str) else list(value)
+    names = [n.strip() for item in items for n in str(item).split(",") if n.strip()]
+    if not names:
+        raise ValueError("no harness named; name at least one, e.g. ['base']")
+    return names
 
 
-def make_workload(config) -> Workload:
-    if config.benchmark not in WORKLOADS:
-        raise ValueError(f"config.benchmark={config.benchmark!r} is not one of {sorted(WORKLOADS)}")
-    return WORKLOADS[config.benchmark](config)
+def load_pool(config, bench: Benchmark) -> Pool:
+    """`config.pool`: a pool file of the benchmark (relative paths: cwd, then the repository)."""
+    return bench.load_pool(paths.resolve(config.pool) if config.pool else None)
+
+
+def sampling_params(block, seed: int) -> SamplingParams:
+    """A block with `temperature`, `top_p`, `top_k`, `greedy`, `max_new_tokens` as SamplingParams."""
+    return SamplingParams(temperature=float(block.temperature), top_p=float(block.top_p), top_k=int(block.top_k),
+                          greedy=bool(block.greedy), max_new_tokens=int(block.max_new_tokens), seed=int(seed))
+
+
+# ------------------------------------------------------------------------------------------------
+# Model and policies
 
 
 def make_model(config):
     """(model config, params, tokenizer) from `config.model.hf_dir`, or a preset with random weights."""
-    import dataclasses as dc
-
-    from hsjax import models
-    from hsjax.models import presets
-    from hsjax.models.tokenizer import build_tiny_tokenizer
-
     runtime = {k: config.model[k] for k in ("dtype", "param_dtype", "remat", "attention_impl")
                if k in config.model}
     if config.model.hf_dir:
-        cfg, params, tokenizer = models.load_pretrained(config.model.hf_dir)
-        return dc.replace(cfg, **runtime), params, tokenizer
+        cfg, params, tokenizer = models.load_pretrained(paths.resolve(config.model.hf_dir))
+        return dataclasses.replace(cfg, **runtime), params, tokenizer
     tokenizer = build_tiny_tokenizer()
-    cfg = dc.replace(presets.get_preset(config.model.preset), vocab_size=len(tokenizer), **runtime)
+    cfg = dataclasses.replace(presets.get_preset(config.model.preset), vocab_size=len(tokenizer), **runtime)
     params = models.init_params(cfg, jax.random.PRNGKey(config.seed))
     return cfg, params, tokenizer
 
 
-def make_policy(config, cfg, params, tokenizer):
-    from hsjax.rollout.policy import JaxPolicy
+def is_hf_dir(path) -> bool:
+    """A Hugging Face model directory: a config and weights. A training workdir also holds a
+    config.json (the run's experiment config), so the config alone does not tell them apart."""
+    return (path / "config.json").is_file() and any(
+        (path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json"))
 
-    return JaxPolicy(cfg, params, tokenizer, seed=config.seed)
+
+def load_jax_policy(hf_dir: str, checkpoint: str = "", *, seed: int = 0, **sampler_kwargs) -> JaxPolicy:
+    """The model of an HF directory; with `checkpoint` (a training workdir or its checkpoints
+    directory), the params of its latest checkpoint in that model. `checkpoint` may itself be an
+    HF directory (then `hf_dir` may be empty)."""
+    if checkpoint and is_hf_dir(paths.resolve(checkpoint)):
+        hf_dir, checkpoint = checkpoint, ""
+    if not hf_dir:
+        raise ValueError(f"checkpoint {checkpoint!r} is not an HF directory (no config.json and weights); also "
+                         "give the HF directory of its base model (model config and tokenizer)")
+    policy = JaxPolicy.from_pretrained(str(paths.resolve(hf_dir)), seed=seed, **sampler_kwargs)
+    if checkpoint:
+        policy.update_params(ckpt_lib.load_params(paths.resolve(checkpoint)))
+    return policy
 
 
-def make_rescuer(config, workload: Workload, extra_voters=()) -> rescue_lib.Rescuer:
-    kind = config.rescue.kind
+def make_policy(block, bench: Benchmark, seed: int):
+    """The policy `block.kind` names: a scripted agent of the benchmark, `http` or `jax`."""
+    kind = block.kind
+    if kind == "http":
+        if not block.base_url or not block.model:
+            raise ValueError("policy.kind=http needs --config.policy.base_url=... and --config.policy.model=...")
+        return HttpChatPolicy(block.base_url, block.model, api_key_env=block.api_key_env or None,
+                              timeout=float(block.timeout))
+    if kind == "jax":
+        if not block.checkpoint:
+            raise ValueError("policy.kind=jax needs --config.policy.checkpoint=<HF dir or training workdir>")
+        return load_jax_policy(block.hf_dir, block.checkpoint, seed=seed)
+    if kind in bench.agent_kinds:
+        options = {"noise": dict(block.noise)} if kind == "scripted" else {}
+        return bench.make_agent(kind, seed=seed, **options)
+    raise ValueError(f"policy.kind={kind!r} is not one of {[*bench.agent_kinds, 'http', 'jax']}")
+
+
+def policy_unread(block, path: str = "policy") -> dict[str, str]:
+    return unread_keys(block, path, POLICY_READS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rescue
+
+
+def rescue_harnesses(config, pool: Pool) -> list:
+    """The harnesses a run's rescuer chooses from: the pool's siblings, or for `rescue.kind=hint`
+    (Guide-GRPO's rescuer) one hint-augmented copy of the base harness."""
+    if config.rescue.kind == "hint":
+        return [pool.base.with_knobs(name="hint", direction="hint", hint=config.rescue.hint)]
+    return list(pool.siblings)
+
+
+def make_rescuer(config, pool: Pool, extra_voters=()) -> rescue_lib.Rescuer:
+    """`config.rescue.kind`: none | random | fixed | hint | harness_s (with `config.router`)."""
+    kind, candidates = config.rescue.kind, rescue_harnesses(config, pool)
     if kind == "harness_s":
-        from hsjax.harness_s.router.router import build_rescuer
-
-        return build_rescuer(config, workload.siblings, extra_voters=extra_voters)
+        if "router" not in config:
+            raise ValueError("rescue.kind=harness_s needs the router block: use the :harness_s variant")
+        return build_harness_s_rescuer(config.router, candidates, config.rescue.k, extra_voters)
     if kind == "hint":
-        return rescue_lib.FixedSiblings(workload.siblings)
-    return rescue_lib.make_rescuer(kind, workload.siblings, config.rescue.k, seed=config.seed,
+        return rescue_lib.FixedSiblings(candidates)
+    return rescue_lib.make_rescuer(kind, candidates, config.rescue.k, seed=config.seed,
                                    names=list(config.rescue.siblings))
+
+
+def rescue_unread(config) -> dict[str, str]:
+    return unread_keys(config.rescue, "rescue", RESCUE_READS)
+
+
+def build_harness_s_rescuer(r, pool, k: int, extra_voters=()) -> HarnessSRescuer:
+    """The Harness-S rescuer from a `router` block (aggregation, profile_weight, explore, decay,
+    reanchor_every, voters: list of VoterSpec field dicts) over the sibling specs `pool`."""
+    profiles = Profiles.from_pool(pool)
+    voters = []
+    fields = [f.name for f in dataclasses.fields(VoterSpec)]
+    for i, v in enumerate(r.voters or ()):
+        v = dict(v)
+        unknown = set(v) - set(fields)
+        if unknown:
+            raise ValueError(f"config.router.voters[{i}] has unknown keys {sorted(unknown)}; VoterSpec takes {fields}")
+        voters.append(VoterSpec(**v))
+    # Voters started by the run itself (local servers): their URLs change between runs, so they
+    # never enter the config; the router's records of them are keyed by their stable names.
+    voters.extend(VoterSpec(**dict(v)) for v in extra_voters)
+    router = Router([s.name for s in pool], profiles, voters, k=k, aggregation=r.aggregation,
+                    profile_weight=r.profile_weight, explore=r.explore, decay=r.decay,
+                    reanchor_every=r.reanchor_every)
+    return HarnessSRescuer(pool, router)
 
 
 class _NoVoters:
@@ -198,27 +200,9 @@ class _NoVoters:
 
 def start_local_voters(config, workdir: str):
     """Starts the voter servers a Harness-S run asks for (`config.router.local_voters`)."""
-    kinds = config.get("router", {}).get("local_voters", ()) if config.rescue.kind == "harness_s" else ()
+    kinds = config.router.local_voters if config.rescue.kind == "harness_s" and "router" in config else ()
     if not kinds:
         return _NoVoters()
-    from hsjax.harness_s.router.local_voters import start_local_voters as start
-
-    return start(kinds, workdir=workdir, policy_hf_dir=config.model.hf_dir or None, seed=config.seed,
-                 timeout_s=config.router.get("local_timeout_s", 30.0))
-
-
-def episode_record(traj) -> dict:
-    """A JSON-ready record of a finished episode (the task object itself is left out)."""
-    record = {k: v for k, v in traj.result.items() if k != "task"}
-    record.update(num_generated_tokens=traj.num_generated_tokens, abort_reason=traj.abort_reason,
-                  replies=[turn["text"] for turn in traj.turns])
-    return to_python(record)
-
-
-def append_jsonl(path: str, rows) -> None:
-    rows = list(rows)
-    if not rows:
-        return
-    with open(path, "a") as f:
-        for row in rows:
-            f.write(json.dumps(to_python(row), sort_keys=True) + "\n")
+    hf_dir = str(paths.resolve(config.model.hf_dir)) if config.model.hf_dir else None
+    return _start_local_voters(kinds, workdir=workdir, policy_hf_dir=hf_dir, seed=config.seed,
+                               timeout_s=config.router.local_timeout_s)

@@ -24,6 +24,10 @@ import json
 import pathlib
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
+from hsjax.harness_s.router import Profiles
+
 CONTROL = "base"  # the base harness re-run on its own failures: a control, not a pool member
 
 
@@ -31,17 +35,6 @@ def _names(siblings: Iterable[Any] | None, outcomes: Sequence[dict]) -> list[str
     if siblings is None:
         return sorted({o["harness"] for o in outcomes} - {CONTROL})
     return [getattr(s, "name", s) for s in siblings if getattr(s, "name", s) != CONTROL]
-
-
-def target_modes(siblings: Iterable[Any]) -> dict[str, str | None]:
-    """The failure mode each sibling was evolved for, read from its spec's direction."""
-    from hsjax.harness_s.evolve import DIRECTION_BY_NAME
-
-    out = {}
-    for s in siblings:
-        direction = DIRECTION_BY_NAME.get(getattr(s, "direction", None) or "")
-        out[getattr(s, "name", s)] = direction.failure_mode if direction else None
-    return out
 
 
 def _failure_id(o: dict) -> tuple[str, int]:
@@ -63,7 +56,7 @@ def locality(outcomes: Sequence[dict], siblings: Iterable[Any] | None = None,
              targets: dict[str, str | None] | None = None) -> dict:
     """Rescue rate of every (sibling, base failure mode) cell: successes / rollouts, with counts.
 
-    `targets` ({sibling: failure mode}, e.g. `target_modes(specs)`) adds each sibling's best mode and
+    `targets` ({sibling: failure mode}, e.g. `benchmark.target_modes(specs)`) adds each sibling's best mode and
     whether its target beats every other mode (`diagonal_dominant`)."""
     names = _names(siblings, outcomes)
     modes = mode_order(outcomes)
@@ -127,8 +120,6 @@ def complementarity(outcomes: Sequence[dict], siblings: Iterable[Any] | None = N
 # ---------------------------------------------------------------- nonstationarity
 
 def _profiles(outcomes: Sequence[dict]):
-    from hsjax.harness_s.router import Profiles
-
     p = Profiles(prior=(1.0, 1.0))
     p.update(outcomes)
     return p
@@ -233,8 +224,6 @@ def _plt():
 
 def plot_locality(loc: dict, path: str | pathlib.Path) -> pathlib.Path:
     plt = _plt()
-    import numpy as np
-
     rate = np.array([[np.nan if r is None else r for r in row] for row in loc["rate"]], dtype=float)
     fig, ax = plt.subplots(figsize=(1.2 + 1.0 * len(loc["modes"]), 1.0 + 0.5 * len(loc["siblings"])))
     im = ax.imshow(rate, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
@@ -268,8 +257,6 @@ def plot_complementarity(comp: dict, path: str | pathlib.Path) -> pathlib.Path:
 
 def plot_nonstationarity(ns: dict, path: str | pathlib.Path) -> pathlib.Path:
     plt = _plt()
-    import numpy as np
-
     la, lb = ns["labels"]
     names, modes = ns["siblings"], ns["modes"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(4 + 0.9 * (len(names) + len(modes)), 3.8))
@@ -303,13 +290,14 @@ def _save(fig, path) -> pathlib.Path:
 # ---------------------------------------------------------------- files
 
 def write_properties(workdir: str | pathlib.Path, outcomes: Sequence[dict], siblings: Sequence[Any],
+                     targets: dict[str, str | None],
                      outcomes_b: Sequence[dict] | None = None, labels: tuple[str, str] = ("a", "b")) -> dict:
     """Writes `analysis/{locality,complementarity,nonstationarity}.json` and `plots/*.png` under
     `workdir` (nonstationarity only with `outcomes_b`); returns the results and their `paths`."""
     workdir = pathlib.Path(workdir)
     if labels[0] == labels[1]:
         labels = (labels[0], labels[1] + "_b")
-    results: dict[str, Any] = {"locality": locality(outcomes, siblings, target_modes(siblings)),
+    results: dict[str, Any] = {"locality": locality(outcomes, siblings, targets),
                                "complementarity": complementarity(outcomes, siblings)}
     plots = {"locality": plot_locality, "complementarity": plot_complementarity}
     if outcomes_b is not None:

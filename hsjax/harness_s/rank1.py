@@ -1,8 +1,7 @@
 """Rank-1 inference: per test task the router picks the single best harness of the pool (the base
 included) from the task's features and behavior profiles, and the policy runs there; reported
-beside the base harness at the same number of executor rollouts per task.
-
-    python run.py --config experiments/evolve.py:rank1 --config.rank1.pool=W_evolve/pool.json --workdir W
+beside the base harness at the same number of executor rollouts per task. The mode that runs it:
+`hsjax/modes/rank1.py` (`python run.py --config experiments/evolve.py:rank1 ...`).
 
 Profiles. Unless `config.rank1.profiles` names a profiles.json, they are fitted on the profiling
 split: one base probe rollout per task gives the task's base failure mode ("success" when it
@@ -25,14 +24,11 @@ category and overall, the choice counts, the rollout counts of both arms, and th
 """
 from __future__ import annotations
 
-import collections
-import json
-import pathlib
-import time
 from typing import Sequence
 
-from harness_envs import harness as hz
-from hsjax.harness_s.evolve import EpisodeRunner, Job
+from harness_envs.harness import HarnessSpec
+from hsjax.harness_s.router import Profiles, Router
+from hsjax.rollout.runner import EpisodeRunner, Job
 
 PROBES = ("none", "base")
 SUCCESS_MODE = "success"
@@ -51,13 +47,10 @@ def profile_outcomes(probe_results: Sequence[dict], harness_results: Sequence[di
     return out
 
 
-def fit_profiles(runner: EpisodeRunner, pool: Sequence[hz.HarnessSpec], tasks: Sequence, *,
-                 base: hz.HarnessSpec = hz.BASE):
+def fit_profiles(runner: EpisodeRunner, pool: Sequence[HarnessSpec], tasks: Sequence, *, base: HarnessSpec):
     """Success-rate profiles of every harness in `pool` (module docstring)."""
-    from hsjax.harness_s.router import Profiles
-
-    probes = runner.run([Job(base, t, 0) for t in tasks])
-    results = runner.run([Job(spec, t, 0) for spec in pool for t in tasks])
+    probes = runner.results([Job(base, t, 0) for t in tasks])
+    results = runner.results([Job(spec, t, 0) for spec in pool for t in tasks])
     profiles = Profiles.from_pool(pool)
     profiles.update(profile_outcomes(probes, results))
     return profiles
@@ -70,20 +63,21 @@ def choose(router, task, probe_result: dict | None):
     return router.top_k(task, failed)
 
 
-def run_rank1(runner: EpisodeRunner, router, pool: dict[str, hz.HarnessSpec], tasks: Sequence, *,
-              rollouts: int = 1, probe: str = "none", base: hz.HarnessSpec = hz.BASE) -> dict:
+def run_rank1(runner: EpisodeRunner, router, pool, tasks: Sequence, *, rollouts: int = 1,
+              probe: str = "none") -> dict:
     """Both arms on `tasks`: per-task records and the rollouts each arm spent."""
     if probe not in PROBES:
         raise ValueError(f"rank1.probe={probe!r} is not one of {PROBES}")
     if rollouts < (2 if probe == "base" else 1):
         raise ValueError(f"rank1.rollouts={rollouts}: probe={probe!r} needs at least "
                          f"{2 if probe == 'base' else 1} rollouts per task (the probe is one of them)")
-    base_res = runner.run([Job(base, t, j) for t in tasks for j in range(rollouts)])
+    base = pool.base
+    base_res = runner.results([Job(base, t, j) for t in tasks for j in range(rollouts)])
     first = 1 if probe == "base" else 0
-    probes = runner.run([Job(base, t, 0) for t in tasks]) if first else [None] * len(tasks)
+    probes = runner.results([Job(base, t, 0) for t in tasks]) if first else [None] * len(tasks)
     decisions = [choose(router, t, p) for t, p in zip(tasks, probes)]
     chosen = [pool[d.harnesses[0]] for d in decisions]
-    rest = runner.run([Job(spec, t, j) for t, spec in zip(tasks, chosen) for j in range(first, rollouts)])
+    rest = runner.results([Job(spec, t, j) for t, spec in zip(tasks, chosen) for j in range(first, rollouts)])
     records, per_rest = [], rollouts - first
     for i, (task, spec, d) in enumerate(zip(tasks, chosen, decisions)):
         b = base_res[i * rollouts:(i + 1) * rollouts]
@@ -98,76 +92,17 @@ def run_rank1(runner: EpisodeRunner, router, pool: dict[str, hz.HarnessSpec], ta
     return {"tasks": records, "rollouts": {"base": len(base_res), "rank1": len(rest) + (len(tasks) if first else 0)}}
 
 
-def table(records: Sequence[dict], rollouts: int) -> dict:
-    """{arm: evaluator.summarize(...) plus `mean_success`} for the arms base and rank1."""
-    from harness_envs.dbbench import evaluator
-
+def table(records: Sequence[dict], rollouts: int, summarize) -> dict:
+    """{arm: the benchmark's summary (`summarize`) plus `mean_success`} for the arms base and rank1."""
     out = {}
     for arm in ("base", "rank1"):
-        summary = evaluator.summarize({"type": r["type"], "success": r[f"{arm}_success"]} for r in records)
+        summary = summarize([{"type": r["type"], "success": r[f"{arm}_success"]} for r in records])
         summary["mean_success"] = (sum(r[f"{arm}_successes"] for r in records) / (rollouts * len(records))
                                    if records else 0.0)
         out[arm] = summary
     return out
 
 
-def build_router(pool: Sequence[hz.HarnessSpec], profiles):
+def build_router(pool: Sequence[HarnessSpec], profiles):
     """A profiles-only router (no voters, no exploration bonus) choosing one harness."""
-    from hsjax.harness_s.router import Router
-
     return Router([s.name for s in pool], profiles, voters=(), k=1, explore=0.0)
-
-
-def main(config, workdir: str) -> dict:
-    """Eval mode `rank1`: reads `config.rank1.*` (experiments/evolve.py) plus `policy`, `sampling`,
-    `backend`, `eval` and `seed`; writes `W/eval/<config.name>.json`."""
-    from harness_envs.dbbench.data import load_split
-    from hsjax.modes import evaluate
-    from hsjax.harness_s.evolve import build_runner
-    from hsjax.harness_s.router import Profiles
-
-    t0 = time.perf_counter()
-    cfg = config.rank1
-    pool = hz.load_pool(evaluate.resolve_path(cfg.pool))
-    specs = list(pool.values())
-    tasks = load_split(cfg.split)[: int(cfg.limit) or None]
-    backend = evaluate.build_backend(config.backend)
-    try:
-        runner = build_runner(config, config.policy, backend)
-        if cfg.profiles:
-            profiles, source = Profiles.load(evaluate.resolve_path(cfg.profiles)), str(cfg.profiles)
-            for s in specs:
-                profiles.add(s.name, s.direction)
-        else:
-            profile_tasks = load_split(cfg.profile_split)[: int(cfg.profile_limit) or None]
-            overlap = {t.task_id for t in profile_tasks} & {t.task_id for t in tasks}
-            if overlap:
-                raise ValueError(f"rank1: {len(overlap)} test tasks of {cfg.split} are also in the profiling "
-                                 f"split {cfg.profile_split}; profile on a disjoint split (e.g. standard_train "
-                                 "for dev or standard_heldout)")
-            profiles = fit_profiles(runner, specs, profile_tasks)
-            source = f"fitted on {cfg.profile_split} ({len(profile_tasks)} tasks)"
-        profiling_rollouts = runner.rollouts
-        router = build_router(specs, profiles)
-        run = run_rank1(runner, router, pool, tasks, rollouts=int(cfg.rollouts), probe=cfg.probe)
-    finally:
-        backend.close()
-    rows = table(run["tasks"], int(cfg.rollouts))
-    out = {"config": config.to_dict(), "pool": {s.name: s.to_json() for s in specs}, "profiles_source": source,
-           "probe": cfg.probe, "rollouts_per_task": int(cfg.rollouts), "rollouts": run["rollouts"],
-           "profiling_rollouts": profiling_rollouts,
-           "choices": dict(collections.Counter(r["chosen"] for r in run["tasks"]).most_common()),
-           "table": rows, "tasks": run["tasks"], "profiles": profiles.to_dict(),
-           "wall_s": time.perf_counter() - t0}
-    path = pathlib.Path(workdir) / "eval" / f"{config.name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, ensure_ascii=False, indent=1, default=str) + "\n")
-    tmp.replace(path)
-    print(f"Rank-1 on DBBench {cfg.split} ({len(tasks)} tasks), policy={config.policy.kind}, probe={cfg.probe}, "
-          f"{cfg.rollouts} rollout(s) per task in each arm; profiles {source}")
-    print(evaluate.format_table(rows))
-    print(f"mean success per rollout: base {rows['base']['mean_success']:.3f}, rank1 {rows['rank1']['mean_success']:.3f}")
-    print(f"choices: {out['choices']}")
-    print(f"wrote {path}")
-    return {"path": str(path), "table": rows}

@@ -9,10 +9,13 @@ Every choice is a pure function of (seed, step, group index) and the rescuer's e
 a resumed run makes the same choices.
 """
 import abc
+import collections
 import zlib
 from typing import Any, Sequence
 
 import numpy as np
+
+from hsjax.rollout.runner import EpisodeRunner, Job
 
 
 class Rescuer(abc.ABC):
@@ -26,6 +29,14 @@ class Rescuer(abc.ABC):
 
     def observe(self, step: int, outcomes: Sequence[dict]) -> None:
         """Receives rescue outcomes (dicts with `harness`, `success`, `task_type`, ...)."""
+
+    def drain_log(self) -> list[dict]:
+        """Decision records since the last drain (the loop appends them to router_decisions.jsonl)."""
+        return []
+
+    def metrics(self) -> dict[str, float]:
+        """Metrics of the decisions since the last call."""
+        return {}
 
     def state_dict(self) -> dict:
         return {}
@@ -81,3 +92,47 @@ def make_rescuer(kind: str, pool: Sequence, k: int, seed: int = 0, names: Sequen
             raise ValueError(f"rescue.siblings names {missing} not in the pool {sorted(by_name)}")
         return FixedSiblings([by_name[n] for n in names])
     raise ValueError(f"rescue.kind={kind!r}: expected one of 'none', 'random', 'fixed'")
+
+
+# ---------------------------------------------------------------------------------------------
+# The rescue step of the training loop
+
+
+def is_success(result: dict, threshold: float) -> bool:
+    return float(result.get("reward", 0.0)) >= threshold
+
+
+def dominant_failure_mode(results: Sequence[dict]) -> str:
+    """The group's most common failure mode; ties go to the first name, so reruns agree."""
+    counts = collections.Counter(str(r.get("failure_mode")) for r in results)
+    return min(counts, key=lambda mode: (-counts[mode], mode))
+
+
+def rescue_failed_groups(step: int, tasks: Sequence, groups: Sequence[Sequence], rescuer: Rescuer,
+                         runner: EpisodeRunner, sampling, *, m: int, threshold: float):
+    """Re-rolls each all-fail group (every base result below `threshold`) under the rescuer's
+    choices, `m` rollouts per sibling, in one runner call.
+
+    `groups[g]` holds the base trajectories of `tasks[g]`. Returns, per group, the rescue
+    trajectories with their sibling's name, and one outcome record per rescue rollout (what the
+    rescuer observes: harness, task, the base group's dominant failure mode, success, cost)."""
+    plan = []  # (group index, spec)
+    for g, (task, trajs) in enumerate(zip(tasks, groups)):
+        results = [t.result for t in trajs]
+        if rescuer.k and not any(is_success(r, threshold) for r in results):
+            plan.extend((g, spec) for spec in rescuer.choose(step, g, task, results))
+    rescued: list[list] = [[] for _ in groups]
+    outcomes: list[dict] = []
+    if not plan:
+        return rescued, outcomes
+    jobs = [Job(spec, tasks[g], i) for g, spec in plan for i in range(m)]
+    for j, traj in enumerate(runner.run(jobs, sampling)):
+        g, spec = plan[j // m]
+        rescued[g].append((traj, spec.name))
+        outcomes.append({
+            "harness": spec.name, "task_type": tasks[g].type, "task_id": tasks[g].task_id,
+            "base_failure_mode": dominant_failure_mode([t.result for t in groups[g]]),
+            "success": is_success(traj.result, threshold), "num_turns": traj.result.get("num_turns", 0),
+            "num_tokens": traj.num_generated_tokens,
+        })
+    return rescued, outcomes

@@ -8,7 +8,6 @@ testbed builds on dbbench's, the demo on the testbed's arms, tests on all of the
 from __future__ import annotations
 
 import importlib.util
-import pathlib
 import types
 
 from hsjax.infra.paths import REPO_ROOT

@@ -101,3 +101,13 @@ def write_episodes(workdir: str, step: int, records: list[dict]) -> str:
         for record in records:
             f.write(json.dumps(to_python(record), sort_keys=True) + "\n")
     return path
+
+
+def append_jsonl(path: str, rows) -> None:
+    """Appends rows (dicts) as JSON lines; nothing is written for no rows."""
+    rows = list(rows)
+    if not rows:
+        return
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(to_python(row), sort_keys=True) + "\n")

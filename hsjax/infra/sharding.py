@@ -20,6 +20,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from hsjax.models.model import init_params, param_logical_axes
+
 log = logging.getLogger(__name__)
 
 MeshAxes = tuple[str, ...]
@@ -175,8 +177,6 @@ def logical_to_sharding(logical_axes_tree, mesh: Mesh, rules: Rules | None = Non
 
 def param_shardings(cfg, mesh: Mesh, rules: Rules | None = None, params=None):
     """NamedShardings of the model params of `cfg` (shapes from `params` or `jax.eval_shape`)."""
-    from hsjax.models.model import init_params, param_logical_axes
-
     if params is None:
         params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     return logical_to_sharding(param_logical_axes(cfg), mesh, rules, shapes=params)

@@ -1,16 +1,16 @@
 """The GRPO training loop with sibling-harness rescue (`config.mode = 'train'`).
 
-One linear `main`, in banner sections: workdir, mesh, tasks and harnesses, model and policy,
+One linear `main`, in banner sections: workdir, mesh, benchmark and harnesses, model and policy,
 optimizer and state, checkpoint, update step, loop. Per step:
 
     tasks -> rollouts under the base harness (n per task) -> all-fail groups -> rescue under the
     rescuer's k siblings (m each) -> pack into the fixed G x (n + k*m) layout -> jitted update ->
     (every E steps) eval under the base harness on held-out tasks -> (every C steps) checkpoint.
 
-Everything random is a function of (config.seed, step), and the data position and rescuer state
-are checkpointed, so a run resumed from its latest checkpoint continues exactly.
+The loop reaches the benchmark only through `harness_envs.benchmark.Benchmark`. Everything random
+is a function of (config.seed, step), and the data position and rescuer state are checkpointed,
+so a run resumed from its latest checkpoint continues exactly.
 """
-import collections
 import contextlib
 import json
 import logging
@@ -21,21 +21,35 @@ import jax
 import numpy as np
 import tqdm
 
-from hsjax.rl import batch as batch_lib
+from hsjax import builders
+from hsjax.harness_s.rescue import rescue_failed_groups
 from hsjax.infra import checkpoint as ckpt_lib
-from hsjax.rl import grpo
+from hsjax.infra import console, sharding
 from hsjax.infra import metrics as metrics_lib
-from hsjax.rl import optim
-from hsjax.rollout import engine as rollout
-from hsjax.infra import sharding
-from hsjax import builders as workload
+from hsjax.rl import batch as batch_lib
+from hsjax.rl import grpo, optim
 from hsjax.rl.losses import LossConfig
-from hsjax.rollout.policy import SamplingParams
+from hsjax.rl.task_stream import TaskStream
+from hsjax.rollout.policy import JaxPolicy, render_prompt
+from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
+from hsjax.rollout.streams import rerender_with_prefix
+
+log = logging.getLogger(__name__)
+
+STEP_LINE = {"reward": "reward/mean", "rescued groups": "rescue/groups_rolled",
+             "rescue ok": "rescue/rollout_success_frac", "rollouts": "rollouts/total", "loss": "loss/pg",
+             "s/step": "time/step"}
 
 
-def sampling_from_config(config, seed: int) -> SamplingParams:
-    return SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                          greedy=config.greedy, max_new_tokens=config.max_new_tokens, seed=seed)
+def unread(config) -> dict[str, str]:
+    """{key: why} for keys this config holds that its chosen kinds never read (run.py rejects
+    overriding them)."""
+    out = {**builders.rescue_unread(config), **builders.benchmark_unread(config)}
+    if not config.dapo.enabled:
+        out["dapo.max_draws"] = "dapo.enabled=False"
+    if config.model.hf_dir:
+        out["model.preset"] = "model.hf_dir is set: the model comes from there"
+    return out
 
 
 def phase_seed(seed: int, step: int, phase: int) -> int:
@@ -52,28 +66,13 @@ def loss_config(config) -> LossConfig:
                       rescue_baseline=config.loss.rescue_baseline)
 
 
-def run_episodes(episodes, policy, sampling, config):
-    return rollout.collect(episodes, policy, sampling, max_context_tokens=config.rollout.max_context_tokens,
-                           env_workers=config.rollout.env_workers)
-
-
-def rollout_groups(tasks, spec, n, policy, sampling, bench, config, harness_id):
-    """Rolls n episodes of each task under one harness; returns a list of trajectory lists."""
-    episodes = [bench.make_episode(task, spec, sample_index=i) for task in tasks for i in range(n)]
-    trajs = run_episodes(episodes, policy, sampling, config)
-    for traj in trajs:
-        traj.result["harness_id"] = harness_id
-    return [trajs[i * n:(i + 1) * n] for i in range(len(tasks))]
-
-
-def reseed(policy, seed: int) -> None:
-    """Restarts a sampling policy's key sequence; scripted and HTTP policies have none."""
+def phase_sampling(policy, block, seed: int):
+    """The sampling settings of one phase, with the policy's key sequence restarted at its seed
+    (scripted and HTTP policies have none), so a resumed run draws what an uninterrupted one did."""
+    sampling = builders.sampling_params(block, seed)
     if hasattr(policy, "reseed"):
-        policy.reseed(seed)
-
-
-def is_success(traj, threshold: float) -> bool:
-    return float(traj.result.get("reward", 0.0)) >= threshold
+        policy.reseed(sampling.seed)
+    return sampling
 
 
 def group_reward_spread(trajs) -> float:
@@ -81,7 +80,7 @@ def group_reward_spread(trajs) -> float:
     return max(rewards) - min(rewards)
 
 
-def draw_groups(data, step, policy, bench, config, harness_ids):
+def draw_groups(data, step, runner, base, config):
     """Base-harness groups for one step.
 
     Plain GRPO takes the next G tasks. DAPO's dynamic sampling (`config.dapo.enabled`) drops groups
@@ -93,114 +92,73 @@ def draw_groups(data, step, policy, bench, config, harness_ids):
     kept_tasks, kept_groups, drawn, dropped = [], [], 0, 0
     for draw in range(draws):
         tasks = data.next(G)
-        sampling = sampling_from_config(config.rollout, phase_seed(config.seed, step, draw))
-        reseed(policy, sampling.seed)
-        groups = rollout_groups(tasks, bench.base, n, policy, sampling, bench, config,
-                                harness_ids["base"])
+        sampling = phase_sampling(runner.policy, config.rollout, phase_seed(config.seed, step, draw))
+        trajs = runner.run([Job(base, task, i) for task in tasks for i in range(n)], sampling)
         drawn += len(tasks)
-        for task, trajs in zip(tasks, groups):
-            if config.dapo.enabled and group_reward_spread(trajs) == 0.0:
+        for g, task in enumerate(tasks):
+            group = trajs[g * n:(g + 1) * n]
+            if config.dapo.enabled and group_reward_spread(group) == 0.0:
                 dropped += 1
                 continue
             if len(kept_tasks) < G:
                 kept_tasks.append(task)
-                kept_groups.append(trajs)
+                kept_groups.append(group)
         if len(kept_tasks) >= G:
             break
     stats = {"dapo/drawn_groups": drawn, "dapo/dropped_groups": dropped} if config.dapo.enabled else {}
     return kept_tasks, kept_groups, stats
 
 
-def base_rollouts_executed(kept_rollouts: int, dapo_stats: dict, n: int) -> int:
-    """Base rollouts the executor ran this step: with DAPO, every drawn group's n rollouts, the
-    dropped groups' included (the budget comparisons count them); else the kept ones."""
-    return int(dapo_stats["dapo/drawn_groups"]) * n if dapo_stats else int(kept_rollouts)
-
-
-def rescue_failed_groups(step, tasks, groups, rescuer, policy, bench, config, harness_ids):
-    """Re-rolls each all-fail group under the rescuer's k siblings, m rollouts each.
-
-    Returns per group a list of (trajectory, harness_id) and the outcomes fed back to the rescuer.
-    """
-    threshold = config.loss.success_threshold
-    plan = []  # (group index, spec)
-    for g, (task, trajs) in enumerate(zip(tasks, groups)):
-        if rescuer.k and not any(is_success(t, threshold) for t in trajs):
-            for spec in rescuer.choose(step, g, task, [t.result for t in trajs]):
-                plan.append((g, spec))
-    rescued = [[] for _ in groups]
-    outcomes = []
-    if not plan:
-        return rescued, outcomes
-    m = config.rescue.m
-    episodes = [bench.make_episode(tasks[g], spec, sample_index=i) for g, spec in plan for i in range(m)]
-    sampling = sampling_from_config(config.rollout, phase_seed(config.seed, step, 1000))
-    reseed(policy, sampling.seed)
-    trajs = run_episodes(episodes, policy, sampling, config)
-    for j, traj in enumerate(trajs):
-        g, spec = plan[j // m]
-        traj.result["harness_id"] = harness_ids[spec.name]
-        rescued[g].append((traj, harness_ids[spec.name]))
-        outcomes.append({
-            "harness": spec.name, "task_type": tasks[g].type, "task_id": tasks[g].task_id,
-            "base_failure_mode": dominant_failure_mode(groups[g]),
-            "success": is_success(traj, threshold), "num_turns": traj.result.get("num_turns", 0),
-            "num_tokens": traj.num_generated_tokens,
-        })
-    return rescued, outcomes
-
-
-def dominant_failure_mode(trajs) -> str:
-    """The group's most common failure mode; ties go to the first name, so reruns agree."""
-    counts = collections.Counter(str(t.result.get("failure_mode")) for t in trajs)
-    return min(counts, key=lambda mode: (-counts[mode], mode))
-
-
-def to_group_rollouts(groups, rescued, base_id, bench, config):
+def to_group_rollouts(tasks, groups, rescued, base_name, harness_ids, rerender):
+    """The packer's view of each group; `rerender(task, traj)` gives a rescue in the base context
+    (for `loss.rescue_context='base'`), or None to train rescues as generated."""
     out = []
-    for trajs, rescue in zip(groups, rescued):
-        rescue_in_base = None
-        if config.loss.rescue_context == "base" and rescue:
-            rescue_in_base = [bench.rerender_in_base(t) for t, _ in rescue]
+    for task, trajs, rescue in zip(tasks, groups, rescued):
+        in_base = [rerender(task, t) for t, _ in rescue] if rerender is not None and rescue else None
         out.append(batch_lib.GroupRollouts(
-            base=trajs, base_harness=base_id, rescue=[t for t, _ in rescue],
-            rescue_harness=[h for _, h in rescue], rescue_in_base=rescue_in_base))
+            base=trajs, base_harness=harness_ids[base_name], rescue=[t for t, _ in rescue],
+            rescue_harness=[harness_ids[name] for _, name in rescue], rescue_in_base=in_base))
     return out
 
 
-def evaluate(step, policy, bench, config, workdir):
-    """Success of the current policy under the base harness on the held-out tasks (`eval.split`)
-    and on every set of `eval.extra_splits`; one `eval/<split>_step<N>.json` per set."""
+def in_base_context(bench, base, tokenizer):
+    """`rerender(task, traj)`: a rescue trajectory with its opening context replaced by the base
+    harness's, so the update trains its actions "as if" taken under the base (`rescue_context='base'`)."""
+    def rerender(task, traj):
+        return rerender_with_prefix(traj, render_prompt(tokenizer, bench.initial_messages(task, base)))
+    return rerender
+
+
+def evaluate(step, runner, bench, base, eval_sets, config, workdir):
+    """Success of the current policy under the base harness on each evaluation set (`eval.split` and
+    `eval.extra_splits`); one `eval/<split>_step<N>.json` per set."""
     out = {}
-    for split, tasks in [(config.eval.split, bench.eval_tasks), *bench.extra_eval_tasks.items()]:
-        sampling = sampling_from_config(config.eval, phase_seed(config.seed, step, 2000))
-        reseed(policy, sampling.seed)
-        trajs = run_episodes([bench.make_episode(task, bench.base) for task in tasks], policy, sampling, config)
-        records = [workload.episode_record(t) for t in trajs]
+    for split, tasks in eval_sets.items():
+        sampling = phase_sampling(runner.policy, config.eval, phase_seed(config.seed, step, 2000))
+        records = [episode_record(t) for t in runner.run([Job(base, task) for task in tasks], sampling)]
         summary = bench.summarize(records)
         os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
         with open(os.path.join(workdir, "eval", f"{split}_step{step:06d}.json"), "w") as f:
             json.dump({"step": step, "summary": summary, "episodes": records}, f, indent=1)
         prefix = f"eval/{split}/base"
         out[f"{prefix}/success"] = float(np.mean([r["success"] for r in records])) if records else 0.0
-        out[f"{prefix}/overall_cat_accuracy"] = summary.get("overall_cat_accuracy", 0.0)
+        out[f"{prefix}/{bench.headline}"] = summary.get(bench.headline, 0.0)
     return out
 
 
-def step_metrics(groups, rescued, outcomes, update_metrics, harness_names, dapo_stats, n):
-    """Host-side metrics of one step: rewards by harness, rescue counts, rollouts spent (DAPO's
-    dropped groups included, `base_rollouts_executed`)."""
+def step_metrics(groups, rescued, outcomes, update_metrics, rollouts: dict, dapo_stats):
+    """Host-side metrics of one step: rewards by harness, rescue counts, executor rollouts spent
+    (`rollouts`, counted by the runners: DAPO's dropped groups are rollouts too)."""
     metrics = {k: float(v) for k, v in jax.device_get(update_metrics).items()}
     base = [t for trajs in groups for t in trajs]
     rescue = [t for pairs in rescued for t, _ in pairs]
     metrics["reward/mean"] = float(np.mean([t.result.get("reward", 0.0) for t in base])) if base else 0.0
     by_harness = {}
     for t in base + rescue:
-        by_harness.setdefault(harness_names[t.result["harness_id"]], []).append(t.result.get("reward", 0.0))
+        by_harness.setdefault(t.result["harness"], []).append(t.result.get("reward", 0.0))
     for name, rewards in by_harness.items():
         metrics[f"reward/by_harness/{name}"] = float(np.mean(rewards))
-    metrics["rollouts/base"] = base_rollouts_executed(len(base), dapo_stats, n)
-    metrics["rollouts/rescue"] = len(rescue)
+    metrics.update(rollouts)
     metrics["rescue/groups_rolled"] = sum(1 for pairs in rescued if pairs)
     metrics["rescue/rollout_success_frac"] = (
         float(np.mean([o["success"] for o in outcomes])) if outcomes else 0.0)
@@ -222,19 +180,26 @@ def main(config, workdir: str) -> dict:
     rules = [tuple(rule) for rule in config.sharding_rules] or None
 
     # ----------------------------------------------------------------------------------------------
-    # Tasks and harnesses.
-    bench = workload.make_workload(config)
-    harness_names = ["base"] + [spec.name for spec in bench.siblings]
-    harness_ids = {name: i for i, name in enumerate(harness_names)}
-    logging.info("train tasks: %d, eval tasks: %d, siblings: %s", len(bench.train_tasks),
-                 len(bench.eval_tasks), harness_names[1:])
+    # Benchmark, tasks and harnesses.
+    bench = builders.make_benchmark(config)
+    pool = builders.load_pool(config, bench)
+    base = pool.base
+    train_tasks = bench.load_split(config.data.train_split, seed=config.data.task_seed, limit=config.data.limit)
+    eval_sets = {split: bench.load_split(split, seed=config.eval.task_seed, limit=config.eval.limit)
+                 for split in dict.fromkeys([config.eval.split, *config.eval.extra_splits])}
 
     # ----------------------------------------------------------------------------------------------
     # Model and policy.
-    model_cfg, params, tokenizer = workload.make_model(config)
+    model_cfg, params, tokenizer = builders.make_model(config)
     params = sharding.shard_params(params, model_cfg, mesh, rules)
-    bench.set_tokenizer(tokenizer)
-    policy = workload.make_policy(config, model_cfg, params, tokenizer)
+    policy = JaxPolicy(model_cfg, params, tokenizer, seed=config.seed)
+    # Each phase (base draws, rescue, evaluation) runs its episodes in one batch; the runner counts
+    # the executor rollouts of every phase.
+    runner = EpisodeRunner(bench.make_episode, policy, builders.sampling_params(config.rollout, config.seed),
+                           batch_size=1 << 30, env_workers=config.rollout.env_workers,
+                           max_context_tokens=config.rollout.max_context_tokens)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rerender = in_base_context(bench, base, tokenizer) if config.loss.rescue_context == "base" else None
 
     # ----------------------------------------------------------------------------------------------
     # Optimizer and train state.
@@ -249,9 +214,12 @@ def main(config, workdir: str) -> dict:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     state = jax.tree.map(lambda x: x if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
                          else jax.device_put(x, replicated), state)
-    local_voters = workload.start_local_voters(config, workdir)
-    rescuer = workload.make_rescuer(config, bench, extra_voters=local_voters.specs)
-    data = workload.TaskStream(bench.train_tasks, seed=config.seed)
+    local_voters = builders.start_local_voters(config, workdir)
+    rescuer = builders.make_rescuer(config, pool, extra_voters=local_voters.specs)
+    harness_ids = {spec.name: i for i, spec in enumerate([base, *builders.rescue_harnesses(config, pool)])}
+    data = TaskStream(train_tasks, seed=config.seed)
+    log.info("train tasks: %d, eval sets: %s, rescue harnesses: %s", len(train_tasks),
+             {k: len(v) for k, v in eval_sets.items()}, list(harness_ids)[1:])
 
     # ----------------------------------------------------------------------------------------------
     # Checkpoint: resume from the latest good one.
@@ -263,7 +231,7 @@ def main(config, workdir: str) -> dict:
         start_step, state = restored.step, restored.state
         data.load_state_dict(restored.host_state["data"])
         rescuer.load_state_dict(restored.host_state["rescuer"])
-        logging.info("resumed from step %d", start_step)
+        console.say(f"resumed from step {start_step}")
     writer.truncate_after(start_step)
     # Router decisions carry the 0-based index of the step that made them.
     decisions_path = os.path.join(workdir, "router_decisions.jsonl")
@@ -287,34 +255,40 @@ def main(config, workdir: str) -> dict:
         totals = {k: previous[-1].get(k, 0) for k in totals}
     progress = tqdm.trange(start_step, config.total_steps, initial=start_step, total=config.total_steps,
                            desc="train", disable=not config.log.progress)
-    # The voter servers, metric writer and checkpointer are closed however the loop ends.
+    # The voter servers, metric writer, checkpointer and benchmark are closed however the loop ends.
     with contextlib.ExitStack() as cleanup:
+        cleanup.callback(bench.close)
         cleanup.callback(local_voters.close)
         cleanup.callback(writer.close)
         cleanup.callback(checkpointer.close)
         cleanup.callback(checkpointer.wait_until_finished)
         last = {}
-        if start_step == 0 and config.eval.get("at_start", False):
+        if start_step == 0 and config.eval.at_start:
             writer.truncate_after(-1)  # a restart before the first checkpoint evaluates again
-            last = writer.write(0, evaluate(0, policy, bench, config, workdir))
+            last = writer.write(0, evaluate(0, runner, bench, base, eval_sets, config, workdir))
+            console.say(console.step_line(0, config.total_steps, last, _eval_keys(last)))
         for step in progress:
+            t_step = time.perf_counter()
             policy.update_params(state.params)
-            t0 = time.perf_counter()
-            tasks, groups, dapo_stats = draw_groups(data, step, policy, bench, config, harness_ids)
-            rescued, outcomes = rescue_failed_groups(step, tasks, groups, rescuer, policy, bench, config,
-                                                     harness_ids)
+            before = runner.rollouts
+            tasks, groups, dapo_stats = draw_groups(data, step, runner, base, config)
+            drawn = runner.rollouts
+            rescued, outcomes = rescue_failed_groups(
+                step, tasks, groups, rescuer, runner,
+                phase_sampling(policy, config.rollout, phase_seed(config.seed, step, 1000)),
+                m=config.rescue.m, threshold=config.loss.success_threshold)
             rescuer.observe(step, outcomes)
-            t_rollout = time.perf_counter() - t0
+            rollouts = {"rollouts/base": drawn - before, "rollouts/rescue": runner.rollouts - drawn}
+            t_rollout = time.perf_counter() - t_step
 
             t0 = time.perf_counter()
             packed = batch_lib.pack(
-                to_group_rollouts(groups, rescued, harness_ids["base"], bench, config),
+                to_group_rollouts(tasks, groups, rescued, base.name, harness_ids, rerender),
                 G=config.rollout.groups, n=config.rollout.n, R=S - config.rollout.n,
-                T_buckets=list(config.batch.T_buckets), pad_id=bench.pad_id,
+                T_buckets=list(config.batch.T_buckets), pad_id=int(pad_id),
                 rescue_context=config.loss.rescue_context, overlong=config.batch.overlong)
             state, update_metrics = update(state, place(packed))
-            metrics = step_metrics(groups, rescued, outcomes, update_metrics, harness_names, dapo_stats,
-                                   config.rollout.n)
+            metrics = step_metrics(groups, rescued, outcomes, update_metrics, rollouts, dapo_stats)
             t_update = time.perf_counter() - t0
 
             totals["rollouts/total"] += metrics["rollouts/base"] + metrics["rollouts/rescue"]
@@ -326,17 +300,24 @@ def main(config, workdir: str) -> dict:
             if config.eval.every and (done % config.eval.every == 0 or done == config.total_steps):
                 t0 = time.perf_counter()
                 policy.update_params(state.params)
-                metrics.update(evaluate(done, policy, bench, config, workdir))
+                metrics.update(evaluate(done, runner, bench, base, eval_sets, config, workdir))
                 metrics["time/eval"] = time.perf_counter() - t0
             if config.log.episodes_every and done % config.log.episodes_every == 0:
                 trajs = [t for ts in groups for t in ts] + [t for pairs in rescued for t, _ in pairs]
-                metrics_lib.write_episodes(workdir, done, [workload.episode_record(t) for t in trajs])
-            if hasattr(rescuer, "drain_log"):
-                workload.append_jsonl(decisions_path, rescuer.drain_log())
-                metrics.update(rescuer.metrics())
+                metrics_lib.write_episodes(workdir, done, [episode_record(t) for t in trajs])
+            metrics_lib.append_jsonl(decisions_path, rescuer.drain_log())
+            metrics.update(rescuer.metrics())
+            metrics["time/step"] = time.perf_counter() - t_step
             last = writer.write(done, metrics)
             progress.set_postfix(reward=f"{metrics['reward/mean']:.2f}",
                                  tok_s=f"{metrics['tokens/per_s']:.0f}")
+            if done % config.log.print_every == 0 or done == config.total_steps:
+                console.say(console.step_line(done, config.total_steps, metrics, {**STEP_LINE, **_eval_keys(metrics)}))
             if done % config.checkpoint.every == 0 or done == config.total_steps:
                 checkpointer.save(done, state, {"data": data.state_dict(), "rescuer": rescuer.state_dict()})
     return last
+
+
+def _eval_keys(metrics) -> dict[str, str]:
+    return {k.removeprefix("eval/").removesuffix("/base/success"): k for k in metrics
+            if k.startswith("eval/") and k.endswith("/base/success")}

@@ -64,6 +64,7 @@ class Trajectory:
     timings: dict
     abort_reason: str | None = None
     error: str | None = None
+    episode_id: str | None = None  # the episode's `info["episode_id"]` (agents key their state by it)
 
 
 class _Stream:
@@ -287,7 +288,7 @@ def collect(episodes: list, policy, sampling: SamplingParams, tokenizer=None,
             result=r.episode.result(), segments=r.streams_done, turns=r.turns,
             num_generated_tokens=r.num_generated,
             timings={"generate_s": r.generate_s, "env_s": r.env_s, "wall_s": wall},
-            abort_reason=r.abort_reason, error=r.error))
+            abort_reason=r.abort_reason, error=r.error, episode_id=r.episode.info.get("episode_id")))
     return trajectories
 
 

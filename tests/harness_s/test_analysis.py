@@ -5,15 +5,17 @@ import pathlib
 
 import pytest
 
-from harness_envs import harness as hz
 from harness_envs.dbbench.agents import NoisyAgent
-from harness_envs.dbbench.backends import make_backend
+from harness_envs.dbbench.benchmark import KNOBS, DBBench
 from harness_envs.dbbench.data import load_split
-from hsjax.harness_s import analysis
-from hsjax.harness_s import evolve
-from hsjax.infra import experiments
-from hsjax.rollout.policy import SamplingParams
+from hsjax.harness_s import analysis, evolve
 from hsjax.harness_s.router import Profiles, Router
+from hsjax.infra import experiments
+from hsjax.modes.evolve import run_base
+from hsjax.rollout.policy import SamplingParams
+from hsjax.rollout.runner import EpisodeRunner
+
+BASE = KNOBS.base()
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 evolve_exp = experiments.load("evolve")
@@ -73,30 +75,30 @@ def test_nonstationarity_hand_computed():
 @pytest.fixture(scope="module")
 def evolved():
     """A pool evolved on dev from a scripted agent, and its rescue outcomes under two agents."""
-    backend = make_backend("sqlite")
+    bench = DBBench()
     tasks = load_split("dev")
     by_id = {t.task_id: t for t in tasks}
     sampling = SamplingParams(greedy=True)
 
     def runner(noise):
-        return evolve.EpisodeRunner(NoisyAgent(noise, seed=0), sampling, evolve.dbbench_episode_factory(backend))
+        return EpisodeRunner(bench.make_episode, NoisyAgent(noise, seed=0), sampling)
 
     ra = runner(evolve_exp.DEV_NOISE)
-    base_a = evolve.run_base(ra, tasks, 1)
-    evo = evolve.evolve(base_a, by_id, ra)
-    pool = [hz.BASE, *evo.siblings]
+    base_a = run_base(ra, tasks, 1, BASE)
+    evo = evolve.evolve(bench, base_a, by_id, ra, base=BASE)
+    pool = [BASE, *evo.siblings]
     out_a = evolve.collect_rescues(ra, [r for r in base_a if not r["success"]], pool, by_id)
     rb = runner(evolve_exp.COMPARE_NOISE)
-    base_b = evolve.run_base(rb, tasks, 1)
+    base_b = run_base(rb, tasks, 1, BASE)
     out_b = evolve.collect_rescues(rb, [r for r in base_b if not r["success"]], pool, by_id)
-    yield {"backend": backend, "evo": evo, "outcomes": out_a, "outcomes_b": out_b}
-    backend.close()
+    yield {"bench": bench, "evo": evo, "outcomes": out_a, "outcomes_b": out_b}
+    bench.close()
 
 
 def test_evolved_pool_is_local_and_complementary(evolved, tmp_path):
     sibs = evolved["evo"].siblings
-    props = analysis.write_properties(tmp_path, evolved["outcomes"], sibs, evolved["outcomes_b"],
-                                      labels=("mix_a", "mix_b"))
+    props = analysis.write_properties(tmp_path, evolved["outcomes"], sibs, evolved["bench"].target_modes(sibs),
+                                      evolved["outcomes_b"], labels=("mix_a", "mix_b"))
     loc, comp = props["locality"], props["complementarity"]
     assert len(sibs) >= 5 and loc["diagonal_dominant"] is True
     for name, v in loc["per_sibling"].items():
@@ -130,9 +132,9 @@ def test_router_top1_from_fitted_profiles(evolved):
     profiles.update(evolved["outcomes"])
     router = Router(names, profiles, k=2, explore=0.0)
     tasks = load_split("standard")[:150]
-    runner = evolve.EpisodeRunner(NoisyAgent(evolve_exp.DEV_NOISE, seed=7), SamplingParams(greedy=True),
-                                  evolve.dbbench_episode_factory(evolved["backend"]))
-    results = evolve.run_base(runner, tasks, 2)
+    runner = EpisodeRunner(evolved["bench"].make_episode, NoisyAgent(evolve_exp.DEV_NOISE, seed=7),
+                           SamplingParams(greedy=True))
+    results = run_base(runner, tasks, 2, BASE)
     by_task = {}
     for r in results:
         by_task.setdefault(r["task_id"], []).append(r)

@@ -1,20 +1,26 @@
 """Directional evolution with scripted agents, the regression check, and LLM-proposed candidates
 from a real HTTP server on 127.0.0.1."""
-import http.server
 import json
 import pathlib
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from harness_envs import harness as hz
 from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
+from harness_envs.dbbench.benchmark import KNOBS, DBBench
 from harness_envs.dbbench.data import is_modification, load_split
-from hsjax.harness_s import evolve
+from hsjax.harness_s import candidates, evolve, proposer
 from hsjax.infra import experiments
-from hsjax.rollout.policy import HttpChatPolicy, SamplingParams
+from hsjax.llm.http_policy import HttpChatPolicy
+from hsjax.modes.evolve import run_base
+from hsjax.rollout.policy import SamplingParams
+from hsjax.rollout.runner import EpisodeRunner
+from tests.fake_openai import completion
+
+BASE = KNOBS.base()
+BENCH = DBBench()
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 evolve_exp = experiments.load("evolve")
@@ -41,54 +47,62 @@ def tasks():
 
 
 def _runner(policy, backend):
-    return evolve.EpisodeRunner(policy, SamplingParams(greedy=True), evolve.dbbench_episode_factory(backend))
+    return EpisodeRunner(BENCH.make_episode, policy, SamplingParams(greedy=True))
 
 
 def _evolve(policy, backend, tasks, **kwargs):
     runner = _runner(policy, backend)
-    base = evolve.run_base(runner, tasks, 1)
-    return base, evolve.evolve(base, {t.task_id: t for t in tasks}, runner, **kwargs)
+    base = run_base(runner, tasks, 1, BASE)
+    return base, evolve.evolve(BENCH, base, {t.task_id: t for t in tasks}, runner, base=BASE, **kwargs)
 
 
 def test_knob_values_and_candidates():
-    assert evolve.knob_values("max_rounds") == [7, 30, 60]
-    assert evolve.knob_values("obs_page_rows") == [10, 20, 50]
-    assert evolve.knob_values("parse_mode") == ["lenient"]
-    assert evolve.knob_values("verify_before_answer") == [True]
-    assert evolve.knob_values("hint") == []
-    direction = evolve.DIRECTION_BY_NAME["parse_leniency"]
-    cands = evolve.enumerate_candidates(hz.BASE, direction, max_candidates=12, seed=3)
-    assert cands == evolve.enumerate_candidates(hz.BASE, direction, max_candidates=12, seed=3)
+    assert candidates.knob_values(BASE, "max_rounds") == [7, 30, 60]
+    assert candidates.knob_values(BASE, "obs_page_rows") == [10, 20, 50]
+    assert candidates.knob_values(BASE, "parse_mode") == ["lenient"]
+    assert candidates.knob_values(BASE, "verify_before_answer") == [True]
+    assert candidates.knob_values(BASE, "hint") == []
+    direction = BENCH.direction(name="parse_leniency")
+    cands = candidates.enumerate_candidates(BASE, direction, max_candidates=12, seed=3)
+    assert cands == candidates.enumerate_candidates(BASE, direction, max_candidates=12, seed=3)
     assert len(cands) == 12 and len({json.dumps(c, sort_keys=True) for c in cands}) == 12
     # max_format_retries acts only with on_malformed=retry: alone it is a no-op and never tried.
     assert not any(set(c) == {"max_format_retries"} for c in cands)
-    assert all(set(c) <= set(direction.knobs) and not evolve.is_no_op(hz.BASE, c) for c in cands)
+    assert all(set(c) <= set(direction.knobs) and not candidates.is_no_op(BASE, c) for c in cands)
     for c in cands:
-        hz.BASE.with_knobs(**c)  # valid against the schema
+        BASE.with_knobs(**c)  # valid against the schema
     singles = [c for c in cands if len(c) == 1]
     assert singles == cands[:len(singles)] and {"parse_mode": "lenient"} in singles
-    assert evolve.enumerate_candidates(hz.BASE, direction, max_candidates=2, seed=0) == \
-        evolve.enumerate_candidates(hz.BASE, direction, max_candidates=2, seed=0)
-    assert len(evolve.enumerate_candidates(hz.BASE, direction, max_candidates=2, seed=0)) == 2
+    assert candidates.enumerate_candidates(BASE, direction, max_candidates=2, seed=0) == \
+        candidates.enumerate_candidates(BASE, direction, max_candidates=2, seed=0)
+    assert len(candidates.enumerate_candidates(BASE, direction, max_candidates=2, seed=0)) == 2
+
+
+def test_candidates_follow_the_base_s_own_values():
+    # A base whose instruction is already `concise` is not mutated to it again.
+    concise = KNOBS.base(instruction="concise")
+    direction = BENCH.direction(name="parse_leniency")
+    assert "concise" not in candidates.knob_values(concise, "instruction") or \
+        all(c.get("instruction") != "concise" for c in candidates.enumerate_candidates(concise, direction))
 
 
 def test_evolution_repairs_each_slip_and_is_deterministic(backend, tasks, tmp_path):
     noise = evolve_exp.DEV_NOISE
     base, evo = _evolve(NoisyAgent(noise, seed=0), backend, tasks)
     modes = {r["failure_mode"] for r in base if not r["success"]}
-    assert {s.direction for s in evo.siblings} == {evolve.DIRECTION_BY_MODE[m].name for m in modes}
+    assert {s.direction for s in evo.siblings} == {BENCH.direction(failure_mode=m).name for m in modes}
     for sib in evo.siblings:
         ev = evo.evidence[sib.name]
         assert sib.parent == "base" and sib.name == sib.direction
         assert REPAIRS[sib.direction](sib.knobs), (sib.name, sib.knobs)
-        assert set(sib.knobs) <= set(evolve.DIRECTION_BY_NAME[sib.direction].knobs)
+        assert set(sib.knobs) <= set(BENCH.direction(name=sib.direction).knobs)
         assert ev["rescue"]["rescued"] > ev["control"]["rescued"] == 0  # scripted agents replay their slips
         assert ev["regression"]["drop"] <= ev["regression_tolerance"]
         statuses = [c["status"] for c in ev["candidates_tried"]]
         assert statuses.count("kept") == 1 and len(statuses) == len(ev["candidates_tried"]) > 1
     path = tmp_path / "pool.json"
-    hz.save_pool(path, evo.siblings, **evo.pool_extra())
-    pool = hz.load_pool(path)
+    hz.save_pool(path, BASE, evo.siblings, **evo.pool_extra())
+    pool = hz.load_pool(path, KNOBS)
     assert sorted(pool) == sorted(["base", *[s.name for s in evo.siblings]])
     assert json.loads(path.read_text())["evidence"].keys() == evo.evidence.keys()
     _, again = _evolve(NoisyAgent(noise, seed=0), backend, tasks)
@@ -133,81 +147,55 @@ def test_regressing_candidate_is_rejected(backend, tasks):
 
 
 def test_parse_and_validate_proposals():
-    assert evolve.parse_proposals('{"candidates": [{"knobs": {"parse_mode": "lenient"}}]}') == \
+    assert proposer.parse_proposals('{"candidates": [{"knobs": {"parse_mode": "lenient"}}]}') == \
         [{"knobs": {"parse_mode": "lenient"}}]
-    assert evolve.parse_proposals('Here:\n```json\n[{"knobs": {"a": 1}}]\n```') == [{"knobs": {"a": 1}}]
-    assert evolve.parse_proposals('I suggest {"candidates": []} and more') == []
-    assert evolve.parse_proposals("lenient parsing, definitely") is None
-    d = evolve.DIRECTION_BY_NAME["parse_leniency"]
-    v = evolve.validate_proposal
-    assert v({"knobs": {"parse_mode": "lenient", "hint": "x"}}, hz.BASE, d) == (
+    assert proposer.parse_proposals('Here:\n```json\n[{"knobs": {"a": 1}}]\n```') == [{"knobs": {"a": 1}}]
+    assert proposer.parse_proposals('I suggest {"candidates": []} and more') == []
+    assert proposer.parse_proposals("lenient parsing, definitely") is None
+    d = BENCH.direction(name="parse_leniency")
+    v = proposer.validate_proposal
+    assert v({"knobs": {"parse_mode": "lenient", "hint": "x"}}, BASE, d) == (
         {"hint": "x", "parse_mode": "lenient"}, "valid")
-    assert v({"knobs": {"nope": 1}}, hz.BASE, d) == (None, "unknown_knob")
-    assert v({"knobs": {"max_format_retries": 99}}, hz.BASE, d) == (None, "bad_value")
-    assert v({"knobs": {"max_format_retries": True}}, hz.BASE, d) == (None, "bad_value")
-    assert v({"knobs": {"max_rounds": 30}}, hz.BASE, d) == (None, "off_direction")
-    assert v({"knobs": {"parse_mode": "strict"}}, hz.BASE, d) == (None, "no_op")
-    assert v({"parse_mode": "lenient"}, hz.BASE, d) == (None, "invalid_shape")
+    assert v({"knobs": {"nope": 1}}, BASE, d) == (None, "unknown_knob")
+    assert v({"knobs": {"max_format_retries": 99}}, BASE, d) == (None, "bad_value")
+    assert v({"knobs": {"max_format_retries": True}}, BASE, d) == (None, "bad_value")
+    assert v({"knobs": {"max_rounds": 30}}, BASE, d) == (None, "off_direction")
+    assert v({"knobs": {"parse_mode": "strict"}}, BASE, d) == (None, "no_op")
+    assert v({"parse_mode": "lenient"}, BASE, d) == (None, "invalid_shape")
 
 
-class _ProposalServer(http.server.ThreadingHTTPServer):
-    """Answers chat completions by the direction named in the prompt."""
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.requests = []
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    REPLIES = {
-        "parse_leniency": json.dumps({"candidates": [
-            {"knobs": {"parse_mode": "lenient", "on_malformed": "retry"}, "why": "accept and explain"},
-            {"knobs": {"no_such_knob": 1}},
-            {"knobs": {"max_format_retries": "many"}},
-            {"knobs": {"max_rounds": 30}},
-            {"knobs": {"parse_mode": "lenient"}},  # already enumerated
-        ]}),
-        "answer_verification": "Verification would help here, surely.",  # no JSON
-    }
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt = body["messages"][-1]["content"]
-        direction = prompt.split("Repair direction: ")[1].split(":")[0]
-        self.server.requests.append(direction)
-        if direction not in self.REPLIES:
-            self.send_response(500)
-            self.end_headers()
-            self.wfile.write(b"overloaded")
-            return
-        payload = json.dumps({"choices": [{"message": {"role": "assistant",
-                                                       "content": self.REPLIES[direction]}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args):
-        pass
+PROPOSALS = {
+    "parse_leniency": json.dumps({"candidates": [
+        {"knobs": {"parse_mode": "lenient", "on_malformed": "retry"}, "why": "accept and explain"},
+        {"knobs": {"no_such_knob": 1}},
+        {"knobs": {"max_format_retries": "many"}},
+        {"knobs": {"max_rounds": 30}},
+        {"knobs": {"parse_mode": "lenient"}},  # already enumerated
+    ]}),
+    "answer_verification": "Verification would help here, surely.",  # no JSON
+}
 
 
-def test_llm_proposals_over_http(backend, tasks):
-    server = _ProposalServer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        policy = HttpChatPolicy(f"http://127.0.0.1:{server.server_address[1]}/v1", "proposer", max_retries=0,
-                                timeout=5.0)
-        proposer = evolve.LLMProposer(policy, n_proposals=5)
-        noise = {"format_slip": 0.3, "premature_answer": 0.3, "skip_schema": 0.3}
-        _, evo = _evolve(NoisyAgent(noise, seed=0), backend, tasks, proposer=proposer,
-                         directions=["parse_leniency", "answer_verification", "schema_grounding"],
-                         settings=evolve.EvolveSettings(max_candidates=3))
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert sorted(server.requests) == ["answer_verification", "parse_leniency", "schema_grounding"]
+def propose_by_direction(request):
+    """Answers by the direction named in the prompt; a direction without a reply gets a 500."""
+    direction = request.body["messages"][-1]["content"].split("Repair direction: ")[1].split(":")[0]
+    if direction not in PROPOSALS:
+        return 500, "overloaded"
+    return 200, completion(PROPOSALS[direction])
+
+
+def test_llm_proposals_over_http(backend, tasks, openai_server):
+    server = openai_server(propose_by_direction)
+    policy = HttpChatPolicy(server.base_url, "proposer", max_retries=0, timeout=5.0)
+    llm_proposer = proposer.LLMProposer(policy, benchmark="dbbench", n_proposals=5)
+    noise = {"format_slip": 0.3, "premature_answer": 0.3, "skip_schema": 0.3}
+    _, evo = _evolve(NoisyAgent(noise, seed=0), backend, tasks, proposer=llm_proposer,
+                     directions=["parse_leniency", "answer_verification", "schema_grounding"],
+                     settings=evolve.EvolveSettings(max_candidates=3))
+    requested = [r.body["messages"][-1]["content"].split("Repair direction: ")[1].split(":")[0]
+                 for r in server.requests]
+    assert sorted(requested) == ["answer_verification", "parse_leniency", "schema_grounding"]
+    assert "dbbench" in server.requests[0].body["messages"][0]["content"]  # the benchmark is named
     c = evo.counters
     assert (c["llm/requests"], c["llm/request_failed"], c["llm/malformed_reply"]) == (3, 1, 1)
     assert (c["llm/received"], c["llm/valid"], c["llm/unknown_knob"], c["llm/bad_value"],
@@ -218,7 +206,7 @@ def test_llm_proposals_over_http(backend, tasks):
     assert llm[0]["rescue"]["rescued"] > 0  # it was run like any candidate
     # Directions whose request failed or came back malformed still evolved from enumeration.
     assert {s.name for s in evo.siblings} == {"parse_leniency", "answer_verification", "schema_grounding"}
-    log = {e["direction"]: e for e in proposer.log}
+    log = {e["direction"]: e for e in llm_proposer.log}
     assert "error" in log["schema_grounding"] and log["answer_verification"]["error"] == "malformed_reply"
 
 
@@ -229,7 +217,7 @@ def test_evolve_mode_end_to_end(tmp_path):
                           env={**__import__("os").environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "wrote" in proc.stdout and "complementarity: union" in proc.stdout
-    pool = hz.load_pool(tmp_path / "pool.json")
+    pool = hz.load_pool(tmp_path / "pool.json", KNOBS)
     data = json.loads((tmp_path / "pool.json").read_text())
     assert len(pool) > 2 and set(data["evidence"]) == set(pool) - {"base"}
     for name in ("locality", "complementarity", "nonstationarity"):

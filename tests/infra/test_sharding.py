@@ -1,7 +1,6 @@
 import json
 import logging
 import os
-import pathlib
 import subprocess
 import sys
 import textwrap

@@ -5,10 +5,19 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import pytest
 
-from hsjax.modes import evaluate
+from harness_envs.dbbench.benchmark import DBBench
+from harness_envs.dbbench.evaluator import format_table
+from hsjax import builders
 from hsjax.infra import experiments
+from hsjax.llm.http_policy import HttpChatPolicy
+from hsjax.models.hf import save_pretrained
+from hsjax.models.model import init_params
+from hsjax.models.presets import get_preset
+from hsjax.models.tokenizer import build_tiny_tokenizer
+from hsjax.modes import evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 dbbench_exp = experiments.load("dbbench")
@@ -54,7 +63,7 @@ def test_scripted_agent_under_several_harnesses(tmp_path, capsys):
     config.harnesses = ("base,lenient_parse",)  # as the command line delivers "--config.harnesses=a,b"
     config.limit = 10
     config.name = "noisy"
-    config.eval.batch_size = 4
+    config.runner.batch_size = 4
     config.lock()
     out = evaluate.main(config, str(tmp_path))
     data = json.loads((tmp_path / "eval" / "noisy.json").read_text())
@@ -68,38 +77,54 @@ def test_scripted_agent_under_several_harnesses(tmp_path, capsys):
 
 
 def test_config_errors_name_the_fix():
-    assert evaluate.harness_names(("base", "a, b")) == ["base", "a", "b"]
-    with pytest.raises(ValueError, match="not in the pool"):
-        evaluate.build_harnesses(["base", "nope"], "harness_envs/pools/dbbench_siblings.json")
+    assert builders.harness_names(("base", "a, b")) == ["base", "a", "b"]
     cfg = dbbench_exp.get_config("eval")
+    bench = DBBench()
+    with pytest.raises(ValueError, match="not in the pool"):
+        builders.load_pool(cfg, bench).select(["base", "nope"])
     cfg.policy.kind = "http"
     with pytest.raises(ValueError, match="base_url"):
-        evaluate.build_policy(cfg.policy, 0)
+        builders.make_policy(cfg.policy, bench, 0)
     cfg.policy.kind = "jax"
     with pytest.raises(ValueError, match="checkpoint"):
-        evaluate.build_policy(cfg.policy, 0)
+        builders.make_policy(cfg.policy, bench, 0)
     cfg.policy.kind = "gpt"
     with pytest.raises(ValueError, match="not one of"):
-        evaluate.build_policy(cfg.policy, 0)
+        builders.make_policy(cfg.policy, bench, 0)
     with pytest.raises(ValueError, match="unknown experiments/dbbench.py variant"):
         dbbench_exp.get_config("evl")
+    with pytest.raises(ValueError, match="mix eval and training"):
+        dbbench_exp.get_config("eval,dapo")
 
 
-def test_http_policy_is_wired(monkeypatch):
-    from hsjax.rollout import policy as policy_lib
+def test_an_override_the_chosen_kind_never_reads_is_an_error(tmp_path):
+    cmd = [sys.executable, str(REPO / "run.py"), "--config", f"{REPO}/experiments/dbbench.py:eval",
+           "--config.policy.noise.format_slip=0.5", f"--workdir={tmp_path / 'w'}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "--config.policy.noise.format_slip is set, but policy.kind='oracle' never reads it" in proc.stderr
+    assert not (tmp_path / "w").exists()  # rejected before anything was written
+    # A training arm has no eval sampling block at all: the locked config rejects the key.
+    cmd = [sys.executable, str(REPO / "run.py"), "--config", f"{REPO}/experiments/dbbench.py:harness_s",
+           "--config.sampling.temperature=0.7", f"--workdir={tmp_path / 'w'}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "sampling" in proc.stderr and not (tmp_path / "w").exists()
 
+
+def test_http_policy_is_wired():
     cfg = dbbench_exp.get_config("eval")
     cfg.policy.kind = "http"
     cfg.policy.base_url = "http://127.0.0.1:9/v1"
     cfg.policy.model = "m"
-    p = evaluate.build_policy(cfg.policy, 0)
-    assert isinstance(p, policy_lib.HttpChatPolicy) and p.model == "m"
+    p = builders.make_policy(cfg.policy, DBBench(), 0)
+    assert isinstance(p, HttpChatPolicy) and p.model == "m"
 
 
 def test_table_layout():
     summary = {"base": {"other_accuracy": 0.5, "INSERT_accuracy": 1.0, "SELECT_accuracy": 0.5,
                         "overall_cat_accuracy": 0.75}, "x": {"overall_cat_accuracy": 0.25}}
-    lines = evaluate.format_table(summary).splitlines()
+    lines = format_table(summary).splitlines()
     labels = [line.split()[0] for line in lines[1:] if not line.startswith("-")]
     assert labels == ["other", "SELECT", "INSERT", "overall_cat"]
     assert lines[-1].split() == ["overall_cat", "75.0", "25.0"]
@@ -109,13 +134,6 @@ def test_table_layout():
 def test_jax_policy_from_an_hf_dir(tmp_path):
     # A tiny random model: its replies are noise, so episodes end malformed on the first reply, but the
     # token path (chat template, generation, stepping DBBench episodes) runs end to end.
-    import jax
-
-    from hsjax.models.hf import save_pretrained
-    from hsjax.models.model import init_params
-    from hsjax.models.presets import get_preset
-    from hsjax.models.tokenizer import build_tiny_tokenizer
-
     tok = build_tiny_tokenizer()
     cfg = get_preset("tiny", vocab_size=len(tok))
     save_pretrained(init_params(cfg, jax.random.PRNGKey(0)), cfg, tok, tmp_path / "hf")

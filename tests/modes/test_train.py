@@ -31,6 +31,7 @@ def run(workdir, total_steps, *extra, arg="smoke"):
     proc = subprocess.run(train_command(workdir, total_steps, *extra, arg=arg), env=env(), cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
 
 
 def comparable(rows):
@@ -71,8 +72,13 @@ def decisions(workdir):
 
 def test_smoke_trains_evaluates_checkpoints_and_extends(tmp_path):
     workdir = tmp_path / "smoke"
-    run(workdir, 4)
+    proc = run(workdir, 4)
     rows = read_metrics(workdir)
+    # The console shows a line per step and the evaluations; library INFO records go to log.txt.
+    assert "step 4/4 | reward" in proc.stdout and "standard_heldout" in proc.stdout
+    assert "INFO" not in proc.stderr and "orbax" not in proc.stderr
+    log = (workdir / "log.txt").read_text()
+    assert "hsjax.modes.train" in log and "absl" in log
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all("loss/pg" in r and "reward/mean" in r and "rescue/triggered_frac" in r for r in rows)
     assert "eval/standard_heldout/base/success" in rows[1]

@@ -1,20 +1,24 @@
-"""The training loop's host-side pieces with scripted agents: DAPO draws, rescue, re-rendering."""
+"""The training loop's host-side pieces with scripted agents: DAPO draws, rescue, re-rendering, and
+rollouts counted by the runner."""
 import numpy as np
 import pytest
 
-from experiments import dbbench as dbbench_config
 from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
+from hsjax import builders
 from hsjax.harness_s import rescue as rescue_lib
-from hsjax.modes import train
-from hsjax import builders as workload
-from hsjax.rl.batch import GroupRollouts, pack
+from hsjax.infra import experiments
 from hsjax.models.tokenizer import build_tiny_tokenizer
-from hsjax.rollout.policy import ScriptedTokenPolicy
-from hsjax.rollout.engine import collect
+from hsjax.modes import train
+from hsjax.rl.batch import GroupRollouts, pack
+from hsjax.rl.task_stream import TaskStream
+from hsjax.rollout.engine import Trajectory
+from hsjax.rollout.policy import render_prompt
+from hsjax.rollout.runner import EpisodeRunner, Job
+from hsjax.rollout.scripted import ScriptedTokenPolicy
 
 
 def config(*variants, **overrides):
-    c = dbbench_config.get_config(",".join(("smoke",) + variants))
+    c = experiments.get_config("dbbench", ",".join(("smoke",) + variants))
     c.data.limit = 24
     for key, value in overrides.items():
         node = c
@@ -25,17 +29,21 @@ def config(*variants, **overrides):
     return c
 
 
-def harness_ids(bench):
-    return {name: i for i, name in enumerate(["base"] + [s.name for s in bench.siblings])}
+def setup(c, policy):
+    """(benchmark, pool, training tasks, a runner of `policy`) of a config."""
+    bench = builders.make_benchmark(c)
+    pool = builders.load_pool(c, bench)
+    tasks = bench.load_split(c.data.train_split, seed=c.data.task_seed, limit=c.data.limit)
+    runner = EpisodeRunner(bench.make_episode, policy, builders.sampling_params(c.rollout, 0))
+    return bench, pool, tasks, runner
 
 
 def test_dapo_keeps_only_groups_with_reward_spread_and_caps_draws():
     c = config("dapo", **{"rollout.groups": 3, "rollout.n": 4, "dapo.max_draws": 3})
-    bench = workload.make_workload(c)
-    data = workload.TaskStream(bench.train_tasks, seed=0)
     # Each episode slips with probability 1/2, so groups of 4 are often mixed, sometimes uniform.
-    agent = NoisyAgent({"format_slip": 0.5}, seed=3)
-    tasks, groups, stats = train.draw_groups(data, 0, agent, bench, c, harness_ids(bench))
+    bench, pool, train_tasks, runner = setup(c, NoisyAgent({"format_slip": 0.5}, seed=3))
+    data = TaskStream(train_tasks, seed=0)
+    tasks, groups, stats = train.draw_groups(data, 0, runner, pool.base, c)
     assert stats["dapo/drawn_groups"] <= 3 * 3 and stats["dapo/drawn_groups"] % 3 == 0
     assert data.position == stats["dapo/drawn_groups"]
     assert len(tasks) == len(groups) <= 3
@@ -44,73 +52,74 @@ def test_dapo_keeps_only_groups_with_reward_spread_and_caps_draws():
     assert stats["dapo/dropped_groups"] + len(groups) <= stats["dapo/drawn_groups"]
     if len(groups) < 3:
         assert stats["dapo/drawn_groups"] == 9  # the cap ended the search
+    # The runner counted every drawn group's rollouts, the dropped ones included.
+    assert runner.rollouts == stats["dapo/drawn_groups"] * 4
 
 
 def test_dapo_with_an_oracle_drops_everything_after_max_draws():
     c = config("dapo", **{"rollout.groups": 2, "rollout.n": 2, "dapo.max_draws": 2})
-    bench = workload.make_workload(c)
-    data = workload.TaskStream(bench.train_tasks, seed=0)
-    tasks, groups, stats = train.draw_groups(data, 0, OracleAgent(), bench, c, harness_ids(bench))
+    bench, pool, train_tasks, runner = setup(c, OracleAgent())
+    tasks, groups, stats = train.draw_groups(TaskStream(train_tasks, seed=0), 0, runner, pool.base, c)
     assert tasks == [] and groups == []
     assert stats == {"dapo/drawn_groups": 4, "dapo/dropped_groups": 4}
+    assert runner.rollouts == 8
 
 
 def test_plain_draw_takes_the_next_tasks_in_stream_order():
     c = config("policy_only", **{"rollout.groups": 2, "rollout.n": 2})
-    bench = workload.make_workload(c)
-    expected = workload.TaskStream(bench.train_tasks, seed=0).next(2)
-    tasks, groups, stats = train.draw_groups(workload.TaskStream(bench.train_tasks, seed=0), 0,
-                                             OracleAgent(), bench, c, harness_ids(bench))
+    bench, pool, train_tasks, runner = setup(c, OracleAgent())
+    expected = TaskStream(train_tasks, seed=0).next(2)
+    tasks, groups, stats = train.draw_groups(TaskStream(train_tasks, seed=0), 0, runner, pool.base, c)
     assert [t.task_id for t in tasks] == [t.task_id for t in expected] and stats == {}
     assert all(t.result["success"] for trajs in groups for t in trajs)
+    assert [[t.result["sample_index"] for t in trajs] for trajs in groups] == [[0, 1], [0, 1]]
 
 
 def test_fixed_sibling_rescues_all_fail_groups_only():
     c = config("policy_only", **{"rollout.groups": 2, "rollout.n": 2, "rescue.m": 2})
-    bench = workload.make_workload(c)
-    ids = harness_ids(bench)
-    lenient = next(s for s in bench.siblings if s.name == "lenient_parse")
-    rescuer = rescue_lib.FixedSiblings([lenient])
     agent = NoisyAgent({"format_slip": 1.0})  # every base episode is malformed
-    tasks = bench.train_tasks[:2]
-    sampling = train.sampling_from_config(c.rollout, 0)
-    groups = train.rollout_groups(tasks, bench.base, 2, agent, sampling, bench, c, ids["base"])
+    bench, pool, train_tasks, runner = setup(c, agent)
+    rescuer = rescue_lib.FixedSiblings([pool["lenient_parse"]])
+    tasks = train_tasks[:2]
+    groups = [runner.run([Job(pool.base, task, i) for i in range(2)]) for task in tasks]
     assert not any(t.result["success"] for trajs in groups for t in trajs)
-    groups[1] = train.rollout_groups(tasks[1:], bench.base, 2, OracleAgent(), sampling, bench, c,
-                                     ids["base"])[0]
-    rescued, outcomes = train.rescue_failed_groups(0, tasks, groups, rescuer, agent, bench, c, ids)
+    oracle = EpisodeRunner(bench.make_episode, OracleAgent(), runner.sampling)
+    groups[1] = oracle.run([Job(pool.base, tasks[1], i) for i in range(2)])
+    before = runner.rollouts
+    rescued, outcomes = rescue_lib.rescue_failed_groups(0, tasks, groups, rescuer, runner, runner.sampling,
+                                                        m=2, threshold=1.0)
     assert [len(r) for r in rescued] == [2, 0]  # only the all-fail group is re-rolled, m=2 times
-    assert all(t.result["success"] and h == ids["lenient_parse"] for t, h in rescued[0])
+    assert runner.rollouts - before == 2
+    assert all(t.result["success"] and name == "lenient_parse" for t, name in rescued[0])
     assert [o["harness"] for o in outcomes] == ["lenient_parse"] * 2
     assert all(o["success"] and o["base_failure_mode"] == "malformed_action" for o in outcomes)
 
 
 def test_hint_arm_rescues_with_one_hint_augmented_base_harness():
     c = config("hint")
-    bench = workload.make_workload(c)
-    assert [s.name for s in bench.siblings] == ["hint"]
-    assert bench.siblings[0].knob("hint") == c.rescue.hint
-    rescuer = workload.make_rescuer(c, bench)
-    assert rescuer.k == 1 and rescuer.choose(0, 0, None, []) == bench.siblings
+    bench = builders.make_benchmark(c)
+    pool = builders.load_pool(c, bench)
+    (hint,) = builders.rescue_harnesses(c, pool)
+    assert hint.name == "hint" and hint.parent == pool.base.name and hint.knob("hint") == c.rescue.hint
+    rescuer = builders.make_rescuer(c, pool)
+    assert rescuer.k == 1 and rescuer.choose(0, 0, None, []) == [hint]
 
 
 def test_rerender_in_base_swaps_the_sibling_prefix_and_keeps_the_policy_tokens():
     c = config("policy_only")
-    bench = workload.make_workload(c)
+    bench, pool, train_tasks, _ = setup(c, OracleAgent())
     tokenizer = build_tiny_tokenizer()
-    bench.set_tokenizer(tokenizer)
-    task = next(t for t in bench.train_tasks if t.type == "counting")
-    schema_first = bench.base.with_knobs(name="schema_first", instruction="schema_first")
+    task = next(t for t in train_tasks if t.type == "counting")
+    schema_first = pool.base.with_knobs(name="schema_first", instruction="schema_first")
     policy = ScriptedTokenPolicy(["Action: Operation\n```sql\nSELECT COUNT(*) FROM t\n```",
                                   'Action: Answer\nFinal Answer: ["3"]'],
                                  tokenizer=tokenizer, eos_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
-    sampling = train.sampling_from_config(c.rollout, 0)
-    (traj,) = collect([bench.make_episode(task, schema_first)], policy, sampling)
-    new = bench.rerender_in_base(traj)
+    runner = EpisodeRunner(bench.make_episode, policy, builders.sampling_params(c.rollout, 0))
+    (traj,) = runner.run([Job(schema_first, task)])
+    new = train.in_base_context(bench, pool.base, tokenizer)(task, traj)
     old_seg, new_seg = traj.segments[0], new.segments[0]
     cut = traj.turns[0]["prompt_tokens"]
-    from hsjax.rollout.policy import render_prompt
-    base_prompt = render_prompt(tokenizer, bench.initial_messages(task, bench.base))
+    base_prompt = render_prompt(tokenizer, bench.initial_messages(task, pool.base))
     assert list(new_seg.tokens[:len(base_prompt)]) == base_prompt
     np.testing.assert_array_equal(new_seg.tokens[len(base_prompt):], old_seg.tokens[cut:])
     np.testing.assert_array_equal(new_seg.loss_mask[len(base_prompt):], old_seg.loss_mask[cut:])
@@ -125,51 +134,50 @@ def test_rerender_in_base_swaps_the_sibling_prefix_and_keeps_the_policy_tokens()
 
 
 def test_task_stream_is_a_reproducible_permutation_per_epoch():
-    stream = workload.TaskStream(list(range(5)), seed=1)
+    stream = TaskStream(list(range(5)), seed=1)
     first = stream.next(5)
     assert sorted(first) == list(range(5))
     second = stream.next(3)
-    resumed = workload.TaskStream(list(range(5)), seed=1)
+    resumed = TaskStream(list(range(5)), seed=1)
     resumed.load_state_dict({"position": 5})
     assert resumed.next(3) == second
     with pytest.raises(ValueError, match="no tasks"):
-        workload.TaskStream([], seed=0)
+        TaskStream([], seed=0)
 
 
-def test_synth_workload_runs_the_testbed_tasks_on_the_dbbench_protocol():
-    c = config("policy_only", **{"benchmark": "synth", "data.train_split": "synth_train",
-                                 "eval.split": "synth_heldout", "data.limit": 6, "eval.limit": 4})
-    bench = workload.make_workload(c)
-    assert len(bench.train_tasks) == 6 and len(bench.eval_tasks) == 4
-    assert {t.task_id for t in bench.train_tasks}.isdisjoint(t.task_id for t in bench.eval_tasks)
-    sampling = train.sampling_from_config(c.rollout, 0)
-    trajs = collect([bench.make_episode(t, bench.base) for t in bench.train_tasks], OracleAgent(), sampling)
+def test_synth_runs_the_testbed_tasks_on_the_dbbench_protocol():
+    c = config("policy_only", **{"benchmark.name": "synth", "data.train_split": "synth_train", "data.limit": 6})
+    bench, pool, train_tasks, runner = setup(c, OracleAgent())
+    eval_tasks = bench.load_split("synth_heldout", limit=4)
+    assert len(train_tasks) == 6 and len(eval_tasks) == 4
+    assert {t.task_id for t in train_tasks}.isdisjoint(t.task_id for t in eval_tasks)
+    trajs = runner.run([Job(pool.base, t) for t in train_tasks])
     assert all(t.result["success"] for t in trajs)
 
 
 def test_dominant_failure_mode_breaks_ties_by_name():
-    class T:
-        def __init__(self, mode):
-            self.result = {"failure_mode": mode}
-
-    assert train.dominant_failure_mode([T("wrong_answer"), T("malformed_action")]) == "malformed_action"
-    assert train.dominant_failure_mode([T("turn_limit"), T("wrong_answer"), T("wrong_answer")]) == "wrong_answer"
+    assert rescue_lib.dominant_failure_mode([{"failure_mode": "wrong_answer"},
+                                             {"failure_mode": "malformed_action"}]) == "malformed_action"
+    assert rescue_lib.dominant_failure_mode([{"failure_mode": m} for m in
+                                             ("turn_limit", "wrong_answer", "wrong_answer")]) == "wrong_answer"
 
 
-def test_dapo_counts_the_rollouts_of_dropped_groups():
-    assert train.base_rollouts_executed(16, {"dapo/drawn_groups": 24, "dapo/dropped_groups": 20}, 4) == 96
-    assert train.base_rollouts_executed(32, {}, 4) == 32
-
-
-def test_step_metrics_count_dapos_drawn_groups_and_keep_its_stats():
-    from hsjax.rollout.engine import Trajectory
-
+def test_step_metrics_take_the_rollouts_the_runners_counted():
     def traj(reward):
-        return Trajectory(result={"reward": reward, "harness_id": 0}, segments=[], turns=[],
+        return Trajectory(result={"reward": reward, "harness": "base"}, segments=[], turns=[],
                           num_generated_tokens=3, timings={})
 
     kept = [[traj(1.0), traj(0.0)]]  # one kept group of n=2; DAPO drew 5 groups to find it
     dapo = {"dapo/drawn_groups": 5, "dapo/dropped_groups": 4}
-    metrics = train.step_metrics(kept, [[]], [], {}, ["base"], dapo, 2)
+    metrics = train.step_metrics(kept, [[]], [], {}, {"rollouts/base": 10, "rollouts/rescue": 0}, dapo)
     assert metrics["rollouts/base"] == 10 and metrics["dapo/dropped_groups"] == 4
-    assert train.step_metrics(kept, [[]], [], {}, ["base"], {}, 2)["rollouts/base"] == 2
+    assert metrics["reward/by_harness/base"] == 0.5 and metrics["tokens/generated"] == 6
+
+
+def test_unread_keys_follow_the_chosen_kinds():
+    assert "dapo.max_draws" in train.unread(config("policy_only"))
+    assert "dapo.max_draws" not in train.unread(config("dapo"))
+    unread = train.unread(config("policy_only"))
+    assert "rescue.siblings" in unread and "rescue.hint" in unread and "rescue.m" in unread
+    assert "rescue.hint" not in train.unread(config("hint"))
+    assert "benchmark.backend.url" in unread

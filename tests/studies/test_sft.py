@@ -8,18 +8,25 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness_envs import harness as hz
+from harness_envs.dbbench.benchmark import KNOBS
 from harness_envs.dbbench.env import DBBenchEpisode
 from harness_envs.dbbench.sqlite_backend import SQLiteBackend
 from harness_envs.synth.expert import ScriptedExpert
 from harness_envs.synth.tasks import by_type, make_tasks
+from harness_envs.synth.benchmark import Synth
+from hsjax.infra.checkpoint import load_params
+from hsjax.rl import sft as sft_math
+from hsjax.rollout import streams
 from hsjax.studies.testbed import warmstart as sft
 from hsjax.models import forward, get_preset, init_params, load_pretrained
 from hsjax.models.tokenizer import build_tiny_tokenizer
-from hsjax.rollout.policy import SamplingParams, ScriptedTokenPolicy
+from hsjax.rollout.policy import SamplingParams
+from hsjax.rollout.scripted import ScriptedTokenPolicy
 from hsjax.rollout.engine import collect
 
 from experiments import testbed
+
+BASE = KNOBS.base()
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +41,15 @@ def expert_run(tokenizer):
     styles = {"counting": "format_slip", "UPDATE": "format_slip", "other": "premature_answer",
               "INSERT": "premature_answer"}
     harness = {"format_slip": "lenient_parse", "premature_answer": "verify_answer"}
-    pool = {"base": hz.BASE, "lenient_parse": hz.BASE.with_knobs(name="lenient_parse", parse_mode="lenient"),
-            "verify_answer": hz.BASE.with_knobs(name="verify_answer", verify_before_answer=True)}
+    pool = {"base": BASE, "lenient_parse": BASE.with_knobs(name="lenient_parse", parse_mode="lenient"),
+            "verify_answer": BASE.with_knobs(name="verify_answer", verify_before_answer=True)}
     backend = SQLiteBackend()
     episodes = [DBBenchEpisode(t, pool[harness.get(styles.get(t.type), "base")], backend) for t in tasks]
-    recorder = sft.RecordingChatPolicy(ScriptedExpert(styles))
+    recorder = streams.RecordingChatPolicy(ScriptedExpert(styles))
     trajs = collect(episodes, recorder, SamplingParams())
     assert all(t.result["success"] for t in trajs)
     eos = sft.end_of_turn_id(tokenizer)
-    segments = [sft.render_segments(tokenizer, recorder.turns[ep.info["episode_id"]], eos) for ep in episodes]
+    segments = [streams.render_segments(tokenizer, recorder.turns[ep.info["episode_id"]], eos) for ep in episodes]
     return tasks, pool, styles, harness, recorder, episodes, segments
 
 
@@ -83,12 +90,12 @@ def test_shared_prefix_loss_equals_full_rows(tokenizer, expert_run):
     segments = [s for segs in expert_run[-1] for s in segs][:3]
     cfg = get_preset("tiny", vocab_size=len(tokenizer), num_layers=1)
     params = init_params(cfg, jax.random.PRNGKey(0))
-    shared = sft.pack(segments, pad_id=0)
+    shared = sft_math.pack(segments, pad_id=0)
     assert len(shared.prefix_P) > 400  # the instruction
-    full = sft.SFTData(shared.prefix_P[:0], *_unshare(shared))
+    full = sft_math.SFTData(shared.prefix_P[:0], *_unshare(shared))
 
     def loss(data, p):
-        total, count = sft.sft_loss(p, jnp.asarray(data.prefix_P), jnp.asarray(data.tokens_NxU),
+        total, count = sft_math.sft_loss(p, jnp.asarray(data.prefix_P), jnp.asarray(data.tokens_NxU),
                                     jnp.asarray(data.mask_NxU), jnp.asarray(data.length_N), cfg=cfg)
         return total / count
 
@@ -126,8 +133,9 @@ def test_schema_recovery_regime_demonstrates_giving_up_under_base(tokenizer):
     assert harnesses == [sft.episode_harness(t, plan, c) for t in tasks]  # stable
     share = harnesses.count("base") / len(harnesses)
     assert 0.3 < share < 0.7 and set(harnesses) == {"base", "schema_reminder"}
-    pool = hz.load_pool(os.path.join(os.path.dirname(__file__), "..", "..", c.pool))
-    segments, records = sft.expert_streams(tasks, plan, pool, tokenizer, c, SQLiteBackend())
+    bench = Synth()
+    pool = bench.load_pool()
+    segments, records = sft.expert_streams(tasks, plan, pool, tokenizer, c, bench)
     assert [r["harness"] for r in records] == harnesses and len(segments) == len(tasks)
     with c.unlocked():
         c.regime.b_base_share = 0.0
@@ -153,8 +161,6 @@ def test_short_run_lowers_loss_and_saves_a_loadable_model(tmp_path, tokenizer):
 
     cfg, params, tok = load_pretrained(os.path.join(workdir, "hf"))
     assert tok.get_vocab() == tokenizer.get_vocab()
-    from hsjax.infra.checkpoint import load_params
-
     saved = load_params(workdir)
     tokens = jnp.asarray([tokenizer.encode("Action: Operation\nSELECT 1")], jnp.int32)
     pos = jnp.arange(tokens.shape[1])[None]

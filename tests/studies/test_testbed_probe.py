@@ -9,6 +9,8 @@ import pathlib
 import numpy as np
 import pytest
 
+from harness_envs.synth.benchmark import Synth
+from hsjax.harness_s import analysis
 from hsjax.infra import experiments
 from hsjax.studies.testbed import probe as tp
 
@@ -180,11 +182,9 @@ def test_locality_split_pools_target_and_other_cells():
                                                ("lenient_parse", "sql_error_loop", False),
                                                ("schema_reminder", "sql_error_loop", True),
                                                ("schema_reminder", "malformed_action", True)])]
-    from harness_envs import harness as hz
-    from hsjax.harness_s import analysis
-
-    pool = hz.load_pool(REPO / "harness_envs" / "pools" / "dbbench_siblings.json")
+    bench = Synth()
+    pool = bench.load_pool()
     siblings = [pool["lenient_parse"], pool["schema_reminder"]]
-    split = tp.locality_split(analysis.locality(outcomes, siblings, analysis.target_modes(siblings)))
+    split = tp.locality_split(analysis.locality(outcomes, siblings, bench.target_modes(siblings)))
     assert split["diagonal"] == {"successes": 2, "n": 3, "rate": 2 / 3}
     assert split["off_diagonal"] == {"successes": 1, "n": 2, "rate": 0.5}

@@ -10,8 +10,13 @@ import sys
 import numpy as np
 import pytest
 
+from harness_envs.synth import expert as ex
+from harness_envs.synth.benchmark import Synth
+from harness_envs.synth.tasks import by_type, make_tasks
 from hsjax.harness_s import analysis
 from hsjax.infra import experiments
+from hsjax.rollout.policy import SamplingParams
+from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
 from hsjax.studies.testbed import behaviour as eb
 from hsjax.studies.testbed import report as tr
 from hsjax.studies.testbed import runs as tbr
@@ -93,21 +98,14 @@ def test_behaviour_on_hand_made_records():
 def test_behaviour_on_real_episodes_of_the_schema_recovery_expert(sqlite_backend):
     """The expert misnames a column first: the real backend's error is an unknown column; only the
     harness that appends the schema lets it recover."""
-    from harness_envs import harness as hz
-    from harness_envs.dbbench.env import DBBenchEpisode
-    from harness_envs.synth import expert as ex
-    from harness_envs.synth.tasks import by_type, make_tasks
-    from hsjax import builders as workload
-    from hsjax.rollout.policy import SamplingParams
-    from hsjax.rollout.engine import collect
-
-    pool = hz.load_pool(REPO / "harness_envs/pools/dbbench_siblings.json")
+    bench = Synth()
+    pool = bench.load_pool()
     tasks = by_type(make_tasks("synth_train", 20, seed=1), 1)
     out = {}
     for harness in ("base", "schema_reminder"):
-        trajs = collect([DBBenchEpisode(t, pool[harness], sqlite_backend) for t in tasks],
-                        ex.ScriptedExpert(default_style="schema_recovery"), SamplingParams())
-        out[harness] = [workload.episode_record(t) for t in trajs]
+        runner = EpisodeRunner(bench.make_episode, ex.ScriptedExpert(default_style="schema_recovery"),
+                               SamplingParams())
+        out[harness] = [episode_record(t) for t in runner.run([Job(pool[harness], t) for t in tasks])]
     base, rescued = eb.behaviour(out["base"]), eb.behaviour(out["schema_reminder"])
     assert base["errors"] == rescued["errors"] == {"unknown_column": 1.0}
     assert base["recovered_after_error"] == 0.0 and rescued["recovered_after_error"] == 1.0

@@ -24,6 +24,11 @@ import shutil
 import tempfile
 from typing import Sequence
 
+from hsjax.harness_s.router.rule_voter import RuleVoterPolicy
+from hsjax.llm.server import BackgroundServer, build_app
+from hsjax.models.tiny import write_tiny_model
+from hsjax.rollout.policy import JaxPolicy
+
 log = logging.getLogger(__name__)
 
 KINDS = ("rule", "tiny", "policy")
@@ -115,23 +120,17 @@ def _model_dir(voters: LocalVoters, workdir) -> pathlib.Path:
 
 
 def _start(kind: str, voters: LocalVoters, *, workdir, policy_hf_dir, seed: int):
-    from hsjax.llm import server as serve
-
     if kind == "rule":
-        from hsjax.harness_s.router.rule_voter import RuleVoterPolicy
-
-        return serve.BackgroundServer(serve.build_app(RuleVoterPolicy(), MODEL_NAMES[kind]))
-    from hsjax.rollout.policy import JaxPolicy
-
+        return BackgroundServer(build_app(RuleVoterPolicy(), MODEL_NAMES[kind]))
     if kind == "tiny":
-        hf_dir = serve.write_tiny_model(_model_dir(voters, workdir), seed=seed)
+        hf_dir = write_tiny_model(_model_dir(voters, workdir), seed=seed)
     else:
         hf_dir = pathlib.Path(policy_hf_dir)
         if not (hf_dir / "config.json").is_file():
             raise FileNotFoundError(f"local voter 'policy': {hf_dir} is not an HF directory (no "
                                     "config.json); pass policy_hf_dir=<the model's HF directory>")
     policy = JaxPolicy.from_pretrained(str(hf_dir), seed=seed)
-    return serve.BackgroundServer(serve.build_app(policy, MODEL_NAMES[kind]))
+    return BackgroundServer(build_app(policy, MODEL_NAMES[kind]))
 
 
 def start_local_voters(kinds: Sequence[str] | str, *, workdir=None, policy_hf_dir=None, seed: int = 0,

@@ -26,126 +26,10 @@ import math
 import time
 from typing import Any, Iterable, Sequence
 
-from hsjax.harness_s.rescue import Rescuer
+from hsjax.harness_s.router.aggregation import (AGGREGATIONS, aggregate, combine, dominant_mode, group_summary,
+                                                mode_frequencies, ranked, rescue_outcome, task_field)
 from hsjax.harness_s.router.profiles import Profiles
 from hsjax.harness_s.router.voters import LLMVoter, VoteCache, VoteRequest, VoterSpec, vote_all
-
-AGGREGATIONS = ("majority", "borda", "weighted")
-_TIE_DIGITS = 12  # scores equal to 12 decimals are ties, whatever order the sums ran in
-
-
-# ---------------------------------------------------------------------------------------------
-# Aggregation (pure)
-
-
-def aggregate(rankings: dict[str, list[str]], candidates: Sequence[str], rule: str,
-              weights: dict[str, float] | None = None) -> dict[str, float]:
-    """Vote scores in [0, 1] for every candidate from voter rankings (best first, possibly partial).
-
-    majority: share of voters that ranked h first.
-    borda:    a voter gives n-1-i points to its i-th name (n candidates; unranked names get 0);
-              h's points over the most possible, n-1 per voter.
-    weighted: borda with voter v's points multiplied by weights[v], divided by the sum of weights.
-    Majority and Borda count one vote per voter; only `weighted` uses the weights.
-    """
-    if rule not in AGGREGATIONS:
-        raise ValueError(f"aggregation={rule!r}: expected one of {AGGREGATIONS}")
-    scores = {h: 0.0 for h in candidates}
-    if not rankings:
-        return scores
-    n = len(candidates)
-    if rule == "majority":
-        for ranking in rankings.values():
-            if ranking and ranking[0] in scores:
-                scores[ranking[0]] += 1.0
-        return {h: s / len(rankings) for h, s in scores.items()}
-    w = {v: (weights or {}).get(v, 1.0) if rule == "weighted" else 1.0 for v in rankings}
-    total = sum(w.values()) * max(n - 1, 1)
-    if total <= 0:
-        return scores
-    for v, ranking in rankings.items():
-        for i, h in enumerate(ranking):
-            if h in scores:
-                scores[h] += w[v] * (max(n - 1 - i, 0) if n > 1 else 1)
-    return {h: s / total for h, s in scores.items()}
-
-
-def combine(profile_scores: dict[str, float], vote_scores: dict[str, float] | None,
-            profile_weight: float) -> dict[str, float]:
-    if vote_scores is None:
-        return dict(profile_scores)
-    return {h: profile_weight * p + (1.0 - profile_weight) * vote_scores.get(h, 0.0)
-            for h, p in profile_scores.items()}
-
-
-def ranked(scores: dict[str, float], profile_scores: dict[str, float]) -> list[str]:
-    """Candidates best first; ties by profile score, then by name."""
-    return sorted(scores, key=lambda h: (-round(scores[h], _TIE_DIGITS),
-                                         -round(profile_scores.get(h, 0.0), _TIE_DIGITS), h))
-
-
-def mode_frequencies(failed_results: Sequence[dict]) -> dict[str, float]:
-    """Share of each failure mode in the failed group (sorted by name; empty if none is known)."""
-    modes = [r.get("failure_mode") for r in failed_results if r.get("failure_mode")]
-    counts = collections.Counter(modes)
-    return {m: counts[m] / len(modes) for m in sorted(counts)}
-
-
-def dominant_mode(freqs: dict[str, float]) -> str | None:
-    return min(freqs, key=lambda m: (-freqs[m], m)) if freqs else None
-
-
-def _field(obj: Any, name: str, default=None):
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
-def group_summary(failed_results: Sequence[dict]) -> str:
-    """A few lines on the failed group for the voters."""
-    n = len(failed_results)
-    modes = collections.Counter(r.get("failure_mode") or "unknown" for r in failed_results)
-    by_count = sorted(modes.items(), key=lambda kv: (-kv[1], kv[0]))
-    parts = [f"{n} rollouts under the base harness, all failed.",
-             "failure modes: " + ", ".join(f"{m} x{c}" for m, c in by_count)]
-    turns = [r["num_turns"] for r in failed_results if isinstance(r.get("num_turns"), (int, float))]
-    if turns:
-        parts.append(f"mean turns: {sum(turns) / len(turns):.1f}")
-    for r in failed_results[:2]:
-        snip = _snippet(r)
-        if snip:
-            parts.append(f"example ({r.get('failure_mode') or 'unknown'}): {snip}")
-    return "\n".join(parts)
-
-
-def _snippet(result: dict, chars: int = 240) -> str:
-    if result.get("snippet"):
-        return " ".join(str(result["snippet"]).split())[:chars]
-    turns = result.get("turns") or []
-    if turns and isinstance(turns[-1], dict) and turns[-1].get("reply"):
-        return f"last reply ({turns[-1].get('kind')}): " + " ".join(str(turns[-1]["reply"]).split())[:chars]
-    return ""
-
-
-def rescue_outcome(outcome: dict, pending: dict | None) -> dict:
-    """An episode result of a rescue rollout as a profile outcome. The result's own `failure_mode`
-    is the rescue rollout's; the base group's mode comes from `base_failure_mode` or the decision."""
-    success = outcome.get("success")
-    if success is None:
-        success = float(outcome.get("reward") or 0.0) > 0.0
-    mode = outcome.get("base_failure_mode")
-    if mode is None and pending is not None:
-        mode = pending.get("failure_mode")
-    task_type = outcome.get("task_type", outcome.get("type"))
-    if task_type is None and pending is not None:
-        task_type = pending.get("task_type")
-    return {"harness": outcome["harness"], "task_type": task_type, "base_failure_mode": mode,
-            "success": bool(success), "num_turns": outcome.get("num_turns"),
-            "num_tokens": outcome.get("num_tokens"), "snippet": _snippet(outcome) or None}
-
-
-# ---------------------------------------------------------------------------------------------
-# The router
 
 
 @dataclasses.dataclass
@@ -253,15 +137,15 @@ class Router:
         start = time.monotonic()
         failed_results = list(failed_results)
         first = failed_results[0] if failed_results else {}
-        task_id = _field(task, "task_id", first.get("task_id"))
-        task_type = _field(task, "type", first.get("type"))
+        task_id = task_field(task, "task_id", first.get("task_id"))
+        task_type = task_field(task, "type", first.get("type"))
         freqs = mode_frequencies(failed_results)
         prof = self.profile_scores(task_type, freqs)
 
         votes, failures, vote_scores = {}, {}, None
         if self.voters:
             request = VoteRequest(
-                task={"task_id": task_id, "type": task_type, "question": _field(task, "question")},
+                task={"task_id": task_id, "type": task_type, "question": task_field(task, "question")},
                 group_summary=group_summary(failed_results),
                 cards={h: self.profiles.card(h) for h in self.pool_names},
                 candidates=tuple(self.pool_names))
@@ -413,75 +297,3 @@ class Router:
         self.pending = collections.OrderedDict((k, v) for k, v in state["pending"])
         self.recent = list(state["recent"])
         self.last_reanchor_step = state["last_reanchor_step"]
-
-
-class HarnessSRescuer(Rescuer):
-    """The Harness-S rescuer for the trainer: the router's top-k, mapped back to harness specs."""
-
-    def __init__(self, pool: Sequence[Any], router: Router | None = None, **router_kwargs):
-        self.pool = list(pool)
-        self.by_name = {spec.name: spec for spec in self.pool}
-        if len(self.by_name) != len(self.pool):
-            raise ValueError(f"HarnessSRescuer pool has duplicate names: {[s.name for s in self.pool]}")
-        if router is None:
-            router = Router(list(self.by_name), Profiles.from_pool(self.pool), **router_kwargs)
-        elif router_kwargs:
-            raise ValueError(f"HarnessSRescuer: pass either a router or router options, not both "
-                             f"(got {sorted(router_kwargs)})")
-        missing = [n for n in router.pool_names if n not in self.by_name]
-        if missing:
-            raise ValueError(f"router candidates {missing} are not in the pool {sorted(self.by_name)}")
-        self.router = router
-        self.k = router.k
-        self.last_decision: Decision | None = None
-
-    def choose(self, step, group_index, task, failed_results):
-        self.last_decision = self.router.top_k(task, failed_results, step=step, group_index=group_index)
-        return [self.by_name[h] for h in self.last_decision.harnesses]
-
-    def observe(self, step, outcomes):
-        self.router.observe(outcomes)
-        if self.router.reanchor_due(step):
-            self.router.reanchor(step)
-
-    def drain_log(self) -> list[dict]:
-        return self.router.drain_log()
-
-    def metrics(self) -> dict[str, float]:
-        """Per-step router metrics (since the last call) and the cumulative counters."""
-        return {**self.router.pop_step_metrics(), **self.router.metrics()}
-
-    def state_dict(self) -> dict:
-        return {"router": self.router.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if "router" not in state:
-            raise ValueError(f"HarnessSRescuer state lacks 'router' (keys: {sorted(state)}); was it "
-                             "saved by another rescuer kind?")
-        self.router.load_state_dict(state["router"])
-
-
-def build_rescuer(config, pool: Sequence[Any], extra_voters: Sequence[dict] = ()) -> HarnessSRescuer:
-    """The `harness_s` rescuer from a run config: `config.rescue.k` and the optional `config.router`
-    block (every key optional: aggregation, profile_weight, explore, decay, reanchor_every, online,
-    deadline_s, prior, backoff, voter_prior, voters = list of VoterSpec field dicts)."""
-    r = config.get("router", None) or {}
-    get = (lambda key, default: r.get(key, default))
-    profiles = Profiles.from_pool(pool, prior=tuple(get("prior", (1.0, 1.0))), backoff=get("backoff", 2.0))
-    voters = []
-    for i, v in enumerate(get("voters", ()) or ()):
-        v = dict(v)
-        unknown = set(v) - {f.name for f in dataclasses.fields(VoterSpec)}
-        if unknown:
-            raise ValueError(f"config.router.voters[{i}] has unknown keys {sorted(unknown)}; VoterSpec takes "
-                             f"{[f.name for f in dataclasses.fields(VoterSpec)]}")
-        voters.append(VoterSpec(**v))
-    # Voters started by the run itself (local servers): their URLs change between runs, so they
-    # never enter the config; the router's records of them are keyed by their stable names.
-    voters.extend(VoterSpec(**dict(v)) for v in extra_voters)
-    router = Router([s.name for s in pool], profiles, voters, k=config.rescue.k,
-                    aggregation=get("aggregation", "borda"), profile_weight=get("profile_weight", 0.5),
-                    explore=get("explore", 0.2), voter_prior=tuple(get("voter_prior", (1.0, 1.0))),
-                    decay=get("decay", 0.9), reanchor_every=get("reanchor_every", 0),
-                    online=get("online", True), deadline_s=get("deadline_s", None))
-    return HarnessSRescuer(pool, router)

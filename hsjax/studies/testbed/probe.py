@@ -32,10 +32,16 @@ import re
 import time
 from typing import Any, Sequence
 
-from harness_envs import harness as hz
-from hsjax.harness_s import analysis
-from hsjax.harness_s import rank1
-from hsjax.harness_s.evolve import EpisodeRunner, Job, collect_rescues
+import jax
+
+from harness_envs.harness import HarnessSpec
+from hsjax import builders
+from hsjax.harness_s import analysis, rank1
+from hsjax.harness_s.evolve import collect_rescues
+from hsjax.infra import checkpoint as ckpt_lib
+from hsjax.infra import paths
+from hsjax.rollout.policy import JaxPolicy, SamplingParams
+from hsjax.rollout.runner import EpisodeRunner, Job
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +102,6 @@ def check_checkpoint(spec: CheckpointSpec) -> None:
     """Raises ProbeError unless the spec's training workdir holds a checkpoint at its step."""
     if spec.workdir is None:
         return
-    from hsjax.infra import checkpoint as ckpt_lib
-
     workdir = pathlib.Path(spec.workdir)
     if not workdir.is_dir():
         raise ProbeError(f"probe.checkpoints: {spec.text!r} names the workdir {workdir}, which does not exist; "
@@ -117,10 +121,6 @@ def load_params(spec: CheckpointSpec, warm_params):
     """The spec's params in the structure, shapes and dtypes of the warm start's params."""
     if spec.workdir is None:
         return warm_params
-    import jax
-
-    from hsjax.infra import checkpoint as ckpt_lib
-
     loaded = ckpt_lib.load_params(spec.workdir, spec.step)
     want, got = jax.tree.structure(warm_params), jax.tree.structure(loaded)
     if want != got:
@@ -154,13 +154,11 @@ def parse_pairs(value, what: str) -> list[tuple[str, int]]:
 
 # ---------------------------------------------------------------- measurements
 
-def base_summary(results: Sequence[dict]) -> dict:
-    from harness_envs.dbbench import evaluator
-
+def base_summary(results: Sequence[dict], summarize) -> dict:
     n, ok = len(results), sum(bool(r["success"]) for r in results)
     modes = collections.Counter(r["failure_mode"] for r in results if not r["success"])
     return {"n": n, "successes": ok, "success": ok / n if n else 0.0,
-            "failure_modes": dict(modes.most_common()), "summary": evaluator.summarize(results)}
+            "failure_modes": dict(modes.most_common()), "summary": summarize(results)}
 
 
 def locality_split(loc: dict) -> dict:
@@ -184,20 +182,20 @@ def control_summary(outcomes: Sequence[dict]) -> dict:
             "coverage": len(rescued) / len(failures) if failures else 0.0}
 
 
-def properties(outcomes: Sequence[dict], siblings: Sequence[hz.HarnessSpec]) -> dict:
-    loc = analysis.locality(outcomes, siblings, analysis.target_modes(siblings))
+def properties(outcomes: Sequence[dict], siblings: Sequence[HarnessSpec], targets: dict) -> dict:
+    loc = analysis.locality(outcomes, siblings, targets)
     return {"locality": loc, "locality_split": locality_split(loc),
             "complementarity": analysis.complementarity(outcomes, siblings),
             "control": control_summary(outcomes)}
 
 
-def rank1_stage(make_runner, pool: dict[str, hz.HarnessSpec], profile_tasks: Sequence,
-                rank1_sets: dict[str, list], arms: Sequence[tuple[str, int]]) -> dict:
+def rank1_stage(make_runner, pool, profile_tasks: Sequence,
+                rank1_sets: dict[str, list], arms: Sequence[tuple[str, int]], summarize) -> dict:
     """Profiles fitted on `profile_tasks`, then every arm on the tasks of all sets at once (one
     straggler tail per arm, not per set), its records split by set afterwards."""
     specs = list(pool.values())
     runner = make_runner(SEED_PROFILE)
-    profiles = rank1.fit_profiles(runner, specs, profile_tasks)
+    profiles = rank1.fit_profiles(runner, specs, profile_tasks, base=pool.base)
     router = rank1.build_router(specs, profiles)
     out = {"profiles": profiles.to_dict(), "profiling_rollouts": runner.rollouts,
            "profile_task_ids": [t.task_id for t in profile_tasks], "arms": {},
@@ -218,7 +216,7 @@ def rank1_stage(make_runner, pool: dict[str, hz.HarnessSpec], profile_tasks: Seq
                 # Counted from the rollouts each task's record holds, per arm.
                 "rollouts": {"base": sum(len(r["base_failure_modes"]) for r in records),
                              "rank1": sum(len(r["rank1_failure_modes"]) for r in records)},
-                "table": rank1.table(records, rollouts),
+                "table": rank1.table(records, rollouts, summarize),
                 "choices": dict(collections.Counter(r["chosen"] for r in records).most_common()),
                 "tasks": records}
     return out
@@ -260,30 +258,30 @@ def summary_table(rows: Sequence[dict]) -> str:
 
 
 def probe_checkpoint(spec: CheckpointSpec, make_runner, cfg, workdir: pathlib.Path, *, tasks: Sequence,
-                     pool: dict[str, hz.HarnessSpec], rank1_inputs=None) -> tuple[dict, list[dict]]:
+                     pool, bench, rank1_inputs=None) -> tuple[dict, list[dict]]:
     """Stages 1-3 (module docstring) with the policy's current params: writes the checkpoint's files,
     returns its summary row and its rescue outcomes. `rank1_inputs`: (profiling tasks, {set: tasks},
     arms), or None to skip Rank-1."""
     t0 = time.perf_counter()
-    base, siblings = pool["base"], [s for n, s in pool.items() if n != "base"]
+    base, siblings = pool.base, list(pool.siblings)
     runner = make_runner(SEED_BASE)
-    base_results = runner.run([Job(base, t, j) for j in range(int(cfg.samples)) for t in tasks])
+    base_results = runner.results([Job(base, t, j) for j in range(int(cfg.samples)) for t in tasks])
     timings, rollouts = {"base_s": runner.seconds}, {"base": runner.rollouts}
     failures = [r for r in base_results if not r["success"]]
     runner = make_runner(SEED_RESCUE)
     outcomes = collect_rescues(runner, failures, [base, *siblings], {t.task_id: t for t in tasks}, int(cfg.tries))
     timings["rescue_s"], rollouts["rescue"] = runner.seconds, runner.rollouts
-    props = properties(outcomes, siblings)
+    props = properties(outcomes, siblings, bench.target_modes(siblings))
     if outcomes:
         analysis.plot_locality(props["locality"], workdir / f"locality_{spec.label}.png")
         analysis.plot_complementarity(props["complementarity"], workdir / f"complementarity_{spec.label}.png")
-    base_sum = base_summary(base_results)
+    base_sum = base_summary(base_results, bench.summarize)
     row = {"label": spec.label, "checkpoint": spec.text, "base_success": base_sum["success"],
            "n_failures": len(failures), "complementarity": props["complementarity"],
            "locality_split": props["locality_split"], "control_coverage": props["control"]["coverage"]}
     if rank1_inputs is not None:
         t1 = time.perf_counter()
-        r1 = rank1_stage(make_runner, pool, *rank1_inputs)
+        r1 = rank1_stage(make_runner, pool, *rank1_inputs, bench.summarize)
         timings["rank1_s"] = time.perf_counter() - t1
         rollouts["profiling"] = r1["profiling_rollouts"]
         rollouts["rank1"] = {a: v["runner_rollouts"] for a, v in r1["arms"].items()}
@@ -309,12 +307,6 @@ def probe_checkpoint(spec: CheckpointSpec, make_runner, cfg, workdir: pathlib.Pa
 # ---------------------------------------------------------------- main
 
 def main(config, workdir: str) -> dict:
-    from harness_envs.synth import tasks as synth_tasks
-    from hsjax.modes import evaluate
-    from hsjax import builders as workload
-    from hsjax.harness_s.evolve import dbbench_episode_factory
-    from hsjax.rollout.policy import SamplingParams
-
     t_start = time.perf_counter()
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -329,37 +321,34 @@ def main(config, workdir: str) -> dict:
         if probe not in rank1.PROBES or rollouts < (2 if probe == "base" else 1):
             raise ProbeError(f"probe.rank1_arms: '{probe}:{rollouts}' must be 'none:<B >= 1>' or 'base:<B >= 2>' "
                              "(the base probe is one of the B rollouts)")
-    if not config.model.hf_dir or not (pathlib.Path(config.model.hf_dir) / "config.json").exists():
+    if not config.model.hf_dir or not builders.is_hf_dir(paths.resolve(config.model.hf_dir)):
         raise ProbeError(f"model.hf_dir={config.model.hf_dir!r} is not an HF model directory; pass the warm "
                          "start, e.g. --config.model.hf_dir=W_sft/hf (experiments/testbed.py:sft writes it)")
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
 
-    tasks = synth_tasks.load_split(cfg.split, n=int(cfg.num_tasks), seed=int(cfg.task_seed))
-    rank1_sets = {f"{split}:{seed}": synth_tasks.load_split(split, n=int(cfg.rank1_tasks), seed=seed)
+    bench = builders.make_benchmark(config)
+    tasks = bench.load_split(cfg.split, limit=int(cfg.num_tasks), seed=int(cfg.task_seed))
+    rank1_sets = {f"{split}:{seed}": bench.load_split(split, limit=int(cfg.rank1_tasks), seed=seed)
                   for split, seed in parse_pairs(cfg.rank1_sets, "probe.rank1_sets")} if with_rank1 else {}
-    profile_tasks = synth_tasks.load_split(cfg.profile_split, n=int(cfg.profile_tasks),
-                                           seed=int(cfg.profile_task_seed)) if with_rank1 else []
+    profile_tasks = bench.load_split(cfg.profile_split, limit=int(cfg.profile_tasks),
+                                     seed=int(cfg.profile_task_seed)) if with_rank1 else []
     profile_ids = {t.task_id for t in profile_tasks}
     for name, set_tasks in rank1_sets.items():
         if profile_ids & {t.task_id for t in set_tasks}:
             raise ProbeError(f"the rank-1 set {name} shares tasks with the profiling set {cfg.profile_split} "
                              f"(task seed {cfg.profile_task_seed}); profile on another task seed")
-    pool = hz.load_pool(evaluate.resolve_path(config.pool))
-    siblings = [s for n, s in pool.items() if n != "base"]
+    pool = builders.load_pool(config, bench)
+    siblings = list(pool.siblings)
 
-    model_cfg, warm_params, tokenizer = workload.make_model(config)
-    from hsjax.rollout.policy import JaxPolicy
-
+    model_cfg, warm_params, tokenizer = builders.make_model(config)
     policy = JaxPolicy(model_cfg, warm_params, tokenizer, seed=int(config.seed), prompt_step=int(cfg.prompt_step))
-    backend = evaluate.build_backend(config.backend)
-    make_episode = dbbench_episode_factory(backend)
 
     def make_runner(stage_seed: int) -> EpisodeRunner:
         # Each stage starts the key sequence afresh: its draws do not depend on earlier stages.
         policy.reseed(int(config.seed))
         sampling = SamplingParams(temperature=float(cfg.temperature), max_new_tokens=int(cfg.max_new_tokens),
                                   seed=stage_seed)
-        return EpisodeRunner(policy, sampling, make_episode, batch_size=int(cfg.batch_size),
+        return EpisodeRunner(bench.make_episode, policy, sampling, batch_size=int(cfg.batch_size),
                              env_workers=int(cfg.env_workers), max_context_tokens=int(cfg.max_context_tokens) or None)
 
     rows, outcomes_by_label = [], {}
@@ -367,12 +356,12 @@ def main(config, workdir: str) -> dict:
         for spec in specs:
             policy.update_params(load_params(spec, warm_params))
             row, outcomes = probe_checkpoint(
-                spec, make_runner, cfg, workdir, tasks=tasks, pool=pool,
+                spec, make_runner, cfg, workdir, tasks=tasks, pool=pool, bench=bench,
                 rank1_inputs=(profile_tasks, rank1_sets, arms) if spec.label in with_rank1 else None)
             rows.append(row)
             outcomes_by_label[spec.label] = outcomes
     finally:
-        backend.close()
+        bench.close()
 
     out: dict[str, Any] = {"checkpoints": rows}
     if len(specs) > 1:

@@ -56,9 +56,10 @@ class Run:
 
 
 def executed_rollouts(metrics: list[dict], n: int) -> list[dict]:
-    """Rows whose cumulative `rollouts/total` counts every rollout the executor ran. Runs logged
-    before DAPO's dropped groups were counted (hsjax.modes.train.base_rollouts_executed) kept only the
-    kept groups' rollouts in `rollouts/base`; their totals are rebuilt from `dapo/drawn_groups`."""
+    """Rows whose cumulative `rollouts/total` counts every rollout the executor ran. Today the episode
+    runner counts them as it runs them; runs logged before DAPO's dropped groups were counted kept
+    only the kept groups' rollouts in `rollouts/base`, and their totals are rebuilt here from
+    `dapo/drawn_groups` (this rule exists only for those old logs)."""
     if not n or not any("dapo/drawn_groups" in r and r.get("rollouts/base") != r["dapo/drawn_groups"] * n
                         for r in metrics):
         return metrics

@@ -7,7 +7,7 @@ import socket
 import httpx
 import pytest
 
-from hsjax.llm import server as serve
+from hsjax.models.tiny import write_tiny_model
 from hsjax.harness_s.router import Profiles, Router
 from hsjax.harness_s.router.local_voters import LocalVoters, start_local_voters
 from hsjax.harness_s.router.router import group_summary
@@ -52,7 +52,7 @@ EXPECTED = ["z_schema", "m_verify", "b_untried", "c_untried", "a_lenient"]
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    hf_dir = serve.write_tiny_model(tmp_path_factory.mktemp("policy") / "hf", seed=1)
+    hf_dir = write_tiny_model(tmp_path_factory.mktemp("policy") / "hf", seed=1)
     voters = start_local_voters(("rule", "tiny", "policy"), workdir=tmp_path_factory.mktemp("work"),
                                 policy_hf_dir=hf_dir, seed=0, timeout_s=60.0)
     yield voters

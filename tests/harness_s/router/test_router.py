@@ -1,16 +1,16 @@
 """Router: aggregation rules by hand, fallback, tie-break, accuracy on synthetic outcomes,
 re-anchoring, decision log, and the HarnessSRescuer state round trip."""
 import dataclasses
-import http.server
 import json
 import random
-import threading
 
 import pytest
 
 from hsjax.harness_s.rescue import Rescuer
 from hsjax.harness_s.router import HarnessSRescuer, Profiles, Router, VoterSpec, aggregate, combine, ranked
-from hsjax.harness_s.router.router import build_rescuer
+from hsjax.builders import build_harness_s_rescuer
+from hsjax.infra import experiments
+from tests.fake_openai import completion
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,52 +19,9 @@ class Spec:
     direction: str | None = None
 
 
-class RankingServer:
-    """A chat-completions server that always answers the same ranking; counts requests."""
-
-    def __init__(self, names):
-        reply = json.dumps({"choices": [{"message": {"content": json.dumps({"ranking": names})}}]}).encode()
-        self.requests = 0
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers["Content-Length"]))
-                server.requests += 1
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def ranking_servers():
-    started = []
-
-    def make(names):
-        started.append(RankingServer(names))
-        return started[-1]
-
-    yield make
-    for s in started:
-        s.close()
-
-
-def closed_port_url():
-    s = RankingServer([])
-    s.close()
-    return s.url
+def ranking_reply(names):
+    """A reply step of the fake server (tests/fake_openai.py) that always ranks `names`."""
+    return 200, completion(json.dumps({"ranking": names}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,10 +71,12 @@ def test_router_without_voters_uses_profiles():
     assert d.reasons[0].startswith("c: score ") and "m: 3.0/3.0 rescued" in d.reasons[0]
 
 
-def test_fallback_when_every_voter_fails():
+def test_fallback_when_every_voter_fails(openai_server):
     p = Profiles(CANDS)
     p.update([{"harness": "d", "base_failure_mode": "m", "success": True}])
-    url = closed_port_url()
+    gone = openai_server()
+    gone.close()
+    url = gone.base_url
     voters = [VoterSpec(f"v{i}", url, "m", timeout_s=0.5, max_retries=0) for i in range(2)]
     router = Router(CANDS, p, voters, k=2, aggregation="weighted", explore=0.0)
     d = router.top_k({"task_id": 1}, [{"failure_mode": "m"}])
@@ -146,10 +105,10 @@ def test_mixed_failure_modes_weigh_profile_scores():
     assert d.profile_scores["x"] == pytest.approx(expected)
 
 
-def test_weighted_voters_earn_weight_from_rescues(ranking_servers):
-    good = ranking_servers(["x", "z", "y"])
-    bad = ranking_servers(["y", "z", "x"])
-    voters = [VoterSpec("good", good.url, "m"), VoterSpec("bad", bad.url, "m")]
+def test_weighted_voters_earn_weight_from_rescues(openai_server):
+    good = openai_server(ranking_reply(["x", "z", "y"]))
+    bad = openai_server(ranking_reply(["y", "z", "x"]))
+    voters = [VoterSpec("good", good.base_url, "m"), VoterSpec("bad", bad.base_url, "m")]
     router = Router(["x", "y", "z"], Profiles(["x", "y", "z"]), voters, k=2, aggregation="weighted",
                     profile_weight=0.0)
     d = router.top_k({"task_id": "t1"}, [{"failure_mode": "m"}])
@@ -293,21 +252,19 @@ def test_every_decision_is_logged_and_drained():
                         "reasons", "latency_s", "aggregation"}
 
 
-def test_build_rescuer_from_a_run_config(ranking_servers):
-    import ml_collections
-
-    server = ranking_servers(["fix_turn_limit"])
-    config = ml_collections.ConfigDict({"rescue": {"kind": "harness_s", "k": 3, "m": 2}, "router": {
-        "aggregation": "majority", "reanchor_every": 4, "decay": 0.7, "explore": 0.0,
-        "voters": [{"name": "local", "base_url": server.url, "model": "m", "timeout_s": 2.0}]}})
-    rescuer = build_rescuer(config, POOL)
+def test_build_rescuer_from_a_run_config(openai_server):
+    server = openai_server(ranking_reply(["fix_turn_limit"]))
+    router_block = experiments.load("common").router()
+    router_block.update({"aggregation": "majority", "reanchor_every": 4, "decay": 0.7, "explore": 0.0,
+                         "voters": [{"name": "local", "base_url": server.base_url, "model": "m", "timeout_s": 2.0}]})
+    rescuer = build_harness_s_rescuer(router_block, POOL, 3)
     assert rescuer.k == 3 and rescuer.router.aggregation == "majority" and rescuer.router.decay == 0.7
     specs = rescuer.choose(0, 0, {"task_id": "t", "type": "select"}, [{"failure_mode": "wrong_answer"}])
     assert [s.name for s in specs][0] == "fix_turn_limit" and all(isinstance(s, Spec) for s in specs)
     assert len(rescuer.drain_log()) == 1 and rescuer.metrics()["router/decisions"] == 1.0
-    config.router.voters = [{"name": "x", "base_url": server.url, "model": "m", "api_key": "oops"}]
+    router_block.voters = [{"name": "x", "base_url": server.base_url, "model": "m", "api_key": "oops"}]
     with pytest.raises(ValueError, match="unknown keys \\['api_key'\\]"):
-        build_rescuer(config, POOL)
+        build_harness_s_rescuer(router_block, POOL, 3)
 
 
 def test_bad_configs_name_the_problem():
@@ -325,12 +282,12 @@ def test_bad_configs_name_the_problem():
 # State round trip
 
 
-def test_rescuer_state_round_trip_gives_identical_decisions(ranking_servers):
-    server = ranking_servers(["fix_wrong_answer", "fix_turn_limit", "fix_malformed_action"])
+def test_rescuer_state_round_trip_gives_identical_decisions(openai_server):
+    server = openai_server(ranking_reply(["fix_wrong_answer", "fix_turn_limit", "fix_malformed_action"]))
 
     def make():
         return HarnessSRescuer(POOL, k=2, aggregation="weighted", profile_weight=0.6, reanchor_every=3,
-                               decay=0.8, voters=[VoterSpec("v", server.url, "m", timeout_s=2.0)])
+                               decay=0.8, voters=[VoterSpec("v", server.base_url, "m", timeout_s=2.0)])
 
     original = make()
     run_online(original, random.Random(4), steps=7, groups_per_step=3)

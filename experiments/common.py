@@ -1,0 +1,123 @@
+"""Config blocks shared by the experiment files (as big_vision's `configs/common.py`).
+
+Each experiment's variant builds only the blocks its mode reads, from these helpers, so a
+command-line override of a key the mode never reads is an error (the config is locked), and
+`run.py` also rejects overriding a key that the chosen `kind` of a block never reads
+(`hsjax.builders.unread_keys`). Load this file with `hsjax.infra.experiments.load("common")`.
+"""
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+DBBENCH_SLIPS = ("format_slip", "skip_schema", "premature_answer", "long_output", "answer_format", "turn_waste")
+DEFAULT_POOL = "harness_envs/pools/dbbench_siblings.json"
+
+
+def variants(arg: str | None) -> list[str]:
+    """The comma-separated variant names of `--config file.py:a,b`."""
+    return [a.strip() for a in (arg or "").split(",") if a.strip()]
+
+
+def benchmark(name: str = "dbbench", backend: str = "sqlite", rule: str = "v0.2") -> ConfigDict:
+    """`config.benchmark`: the benchmark's name and options (DBBench and synth: backend, rule)."""
+    return ConfigDict({
+        "name": name,
+        # sqlite | mariadb; url: connect there (mariadb), empty = start a local socket-only server
+        "backend": {"kind": backend, "url": "", "time_budget_s": 2.0},
+        "rule": rule,  # v0.2 (published) | lenient
+    })
+
+
+def sampling(*, greedy: bool = True, temperature: float = 1.0, max_new_tokens: int = 512) -> ConfigDict:
+    """How replies are sampled (`hsjax.builders.sampling_params`)."""
+    return ConfigDict({"greedy": greedy, "temperature": temperature, "top_p": 1.0, "top_k": 0,
+                       "max_new_tokens": max_new_tokens})
+
+
+def add_sampling(block: ConfigDict, *, greedy: bool, temperature: float = 1.0, max_new_tokens: int) -> None:
+    """The sampling fields, inside a block that holds more (train's `rollout` and `eval`)."""
+    for key, value in sampling(greedy=greedy, temperature=temperature, max_new_tokens=max_new_tokens).items():
+        block[key] = value
+
+
+def policy(kind: str = "oracle", noise: dict | None = None) -> ConfigDict:
+    """The policy that plays (`hsjax.builders.make_policy`): a scripted agent of the benchmark
+    (oracle, scripted), an OpenAI-compatible server (http) or a JAX checkpoint (jax)."""
+    return ConfigDict({
+        "kind": kind,
+        "base_url": "", "model": "",  # http
+        "api_key_env": "",  # http: name of the environment variable holding the key
+        "timeout": 60.0,  # http, seconds per request
+        "checkpoint": "",  # jax: an HF directory, or a training workdir (then also hf_dir)
+        "hf_dir": "",  # jax with a workdir checkpoint: HF directory of the base model and tokenizer
+        "noise": {n: float((noise or {}).get(n, 0.0)) for n in DBBENCH_SLIPS},  # scripted: slip probabilities
+    })
+
+
+def runner(batch_size: int = 64, env_workers: int = 4, max_context_tokens: int = 0) -> ConfigDict:
+    """The episode runner: episodes per collect call, environment threads, token budget (0: none)."""
+    return ConfigDict({"batch_size": batch_size, "env_workers": env_workers, "max_context_tokens": max_context_tokens})
+
+
+def model(preset: str = "tiny", hf_dir: str = "") -> ConfigDict:
+    """The trained model: an HF directory, or (hf_dir empty) a preset with random weights and the tiny tokenizer."""
+    return ConfigDict({"preset": preset, "hf_dir": hf_dir,
+                       "dtype": "float32",  # compute dtype: float32 | bfloat16
+                       "param_dtype": "float32",  # master weights
+                       "remat": False,
+                       "attention_impl": "xla"})  # xla | cudnn (GPU)
+
+
+def router() -> ConfigDict:
+    """The Harness-S router (`rescue.kind = harness_s`)."""
+    return ConfigDict({
+        "aggregation": "borda",  # borda | majority | weighted
+        "profile_weight": 0.5,
+        "explore": 0.2,
+        "decay": 0.9,
+        "reanchor_every": 10,
+        "voters": (),  # dicts of hsjax.harness_s.router.voters.VoterSpec fields
+        # Voter servers the run starts itself on 127.0.0.1: "rule" (reads the profile cards), "tiny"
+        # (a served tiny random checkpoint), "policy" (serves model.hf_dir as it is on disk).
+        "local_voters": (),
+        "local_timeout_s": 30.0,
+    })
+
+
+def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, eval_split: str) -> None:
+    """Every block `hsjax.modes.train` reads, with defaults for a long run; arms change a few keys."""
+    c.mode = "train"
+    c.benchmark = benchmark(benchmark_name)
+    c.pool = DEFAULT_POOL
+    c.total_steps = 200
+    c.model = model()
+    c.data = ConfigDict({"train_split": train_split, "limit": 0,  # 0 = every task of the split
+                         "task_seed": 0})  # which tasks, where the benchmark generates them (synth)
+    c.rollout = ConfigDict({"groups": 8,  # G tasks per step
+                            "n": 4,  # base rollouts per task
+                            "max_context_tokens": 4096, "env_workers": 4})
+    add_sampling(c.rollout, greedy=False, max_new_tokens=256)
+    c.rescue = ConfigDict({"kind": "none",  # none | random | fixed | hint | harness_s
+                           "k": 2,  # siblings per all-fail group
+                           "m": 2,  # rollouts per sibling
+                           "siblings": ("lenient_parse",),  # kind=fixed: names from the pool
+                           "hint": ""})  # kind=hint: the hint line of the single hint-augmented base harness
+    c.dapo = ConfigDict({"enabled": False, "max_draws": 4})  # at most this many draws of G tasks per step
+    c.loss = ConfigDict({"advantage": "grpo",  # grpo | drgrpo | rloo
+                         "success_threshold": 1.0, "eps_low": 0.2, "eps_high": 0.28,
+                         "aggregation": "token_mean",  # token_mean | sequence_mean
+                         "beta": 0.0, "is_cap": 2.0,
+                         "rescue_context": "as_generated",  # as_generated | base
+                         "rescue_baseline": "rescue"})  # rescue | with_base (see docs/training.md)
+    c.optim = ConfigDict({"learning_rate": 1e-6, "warmup_steps": 10, "weight_decay": 0.01, "max_grad_norm": 1.0,
+                          "schedule_steps": 0})  # steps of the warm-up + cosine schedule; 0 = total_steps
+    c.batch = ConfigDict({"T_buckets": (512, 1024, 2048, 4096, 8192), "micro_batches": 1,
+                          "overlong": "drop"})  # drop | error
+    c.eval = ConfigDict({"every": 50, "split": eval_split, "extra_splits": (), "limit": 0, "task_seed": 0,
+                         "at_start": False})  # also score the starting policy at step 0
+    add_sampling(c.eval, greedy=True, max_new_tokens=256)
+    c.checkpoint = ConfigDict({"every": 10, "keep": 3})
+    c.log = ConfigDict({"tensorboard": True, "progress": True, "episodes_every": 10,
+                        "print_every": 5})  # a console line every this many steps
+    c.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
+    c.sharding_rules = ()  # (logical, mesh axes) pairs; empty = hsjax.infra.sharding.DEFAULT_RULES

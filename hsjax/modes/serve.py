@@ -1,0 +1,53 @@
+"""Serve mode: a policy as an OpenAI-compatible chat-completions endpoint (`hsjax.llm.server`).
+
+    python run.py --config experiments/serve.py --config.serve.hf_dir=/ckpt/Qwen2.5-0.5B-Instruct \
+        --workdir /tmp/hsjax/serve
+
+`serve.hf_dir` and/or `serve.checkpoint` name the policy: an HF directory, or a training workdir's
+latest checkpoint in the model and tokenizer of `hf_dir`. With neither and `serve.init_tiny`, a
+random tiny model is written to `<workdir>/tiny_model` and served.
+"""
+from __future__ import annotations
+
+import logging
+import pathlib
+
+import uvicorn
+
+from hsjax import builders
+from hsjax.infra import paths
+from hsjax.llm.server import build_app
+from hsjax.models.tiny import write_tiny_model
+
+log = logging.getLogger(__name__)
+
+
+def load_policy(serve_cfg, seed: int = 0, workdir: str | None = None):
+    """(JaxPolicy, default model name) from `serve.hf_dir` / `serve.checkpoint` / `serve.init_tiny`."""
+    hf_dir, ckpt = serve_cfg.hf_dir, serve_cfg.checkpoint
+    if ckpt and not hf_dir and not builders.is_hf_dir(paths.resolve(ckpt)):
+        raise ValueError(f"serve.checkpoint={ckpt} is not an HF directory (config.json and weights); set "
+                         "--config.serve.hf_dir to the HF directory of its base model")
+    if not hf_dir and not ckpt:
+        if not serve_cfg.get("init_tiny"):
+            raise ValueError("serve needs --config.serve.hf_dir=<HF dir> and/or "
+                             "--config.serve.checkpoint=<workdir or HF dir> (or serve.init_tiny)")
+        hf_dir = str(write_tiny_model(pathlib.Path(workdir) / "tiny_model", seed))
+    policy = builders.load_jax_policy(hf_dir, ckpt, seed=seed)
+    return policy, pathlib.Path(ckpt or hf_dir).resolve().name
+
+
+def main(config, workdir: str) -> None:
+    s = config.serve
+    policy, default_name = load_policy(s, seed=int(config.seed), workdir=workdir)
+    model_name = s.model_name or default_name
+    app = build_app(policy, model_name, max_batch=int(s.max_batch),
+                    batch_window_s=float(s.batch_window_ms) / 1000.0,
+                    max_context=int(s.max_context) or None,
+                    default_max_tokens=int(s.default_max_tokens),
+                    max_tokens_limit=int(s.max_tokens_limit), api_key_env=s.api_key_env or None)
+    with open(pathlib.Path(workdir) / "config.json", "w", encoding="utf-8") as f:
+        f.write(config.to_json_best_effort(indent=2))
+    print(f"serving {model_name!r} at http://{s.host}:{s.port}/v1 (auth "
+          f"{'via $' + s.api_key_env if s.api_key_env else 'off'})", flush=True)
+    uvicorn.run(app, host=s.host, port=int(s.port), log_level=s.log_level)

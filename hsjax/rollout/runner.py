@@ -1,0 +1,78 @@
+"""The one episode runner every mode uses: jobs in, trajectories out, rollouts counted.
+
+A `Job` is one rollout to run: a task under a harness spec, with the sample index the episode (and
+a scripted agent) sees. `EpisodeRunner.run(jobs)` builds each episode with `make_episode(task,
+spec, sample_index=...)`, runs them through `engine.collect` in batches of `batch_size`, and returns
+the trajectories in job order; every episode result carries its `sample_index` and `num_tokens`.
+`rollouts` counts the executor rollouts the runner has spent, in every mode the same way, which
+the equal-budget comparisons (training arms, Rank-1) rely on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+from hsjax.infra.metrics import to_python
+from hsjax.rollout import engine
+from hsjax.rollout.policy import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One rollout to run: a task under a harness, with the sample index the policy sees."""
+
+    spec: Any
+    task: Any
+    sample_index: int = 0
+
+
+class EpisodeRunner:
+    """Runs jobs in batches through `engine.collect`; counts the rollouts and seconds it spent.
+
+    `make_episode(task, spec, sample_index=...)` builds one episode (a benchmark's `make_episode`).
+    `progress` (optional, e.g. a tqdm bar) gets `update(n)` after each batch.
+    """
+
+    def __init__(self, make_episode: Callable, policy, sampling: SamplingParams, *, batch_size: int = 256,
+                 env_workers: int = 4, max_context_tokens: int | None = None, progress=None):
+        self.make_episode, self.policy, self.sampling = make_episode, policy, sampling
+        self.batch_size, self.env_workers = max(1, int(batch_size)), int(env_workers)
+        self.max_context_tokens = max_context_tokens or None
+        self.progress = progress
+        self.rollouts = 0
+        self.seconds = 0.0
+
+    def run(self, jobs: Sequence[Job], sampling: SamplingParams | None = None) -> list[engine.Trajectory]:
+        """Every job's trajectory, in order; `sampling` overrides the runner's for this call."""
+        t0 = time.perf_counter()
+        out: list[engine.Trajectory] = []
+        for start in range(0, len(jobs), self.batch_size):
+            chunk = jobs[start:start + self.batch_size]
+            episodes = [self.make_episode(j.task, j.spec, sample_index=j.sample_index) for j in chunk]
+            trajectories = engine.collect(episodes, self.policy, sampling or self.sampling,
+                                          max_context_tokens=self.max_context_tokens, env_workers=self.env_workers)
+            for job, traj in zip(chunk, trajectories):
+                traj.result.setdefault("sample_index", job.sample_index)
+                traj.result["num_tokens"] = traj.num_generated_tokens or None
+            out.extend(trajectories)
+            self.rollouts += len(chunk)
+            if self.progress is not None:
+                self.progress.update(len(chunk))
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def results(self, jobs: Sequence[Job], sampling: SamplingParams | None = None) -> list[dict]:
+        """The result dict of every job, in order."""
+        return [t.result for t in self.run(jobs, sampling)]
+
+
+def episode_record(traj: engine.Trajectory) -> dict:
+    """A JSON-ready record of a finished episode: its result (without the task object), the replies,
+    tokens generated, timings and why the engine ended it early, if it did."""
+    record = {k: v for k, v in traj.result.items() if k != "task"}
+    record.update(num_generated_tokens=traj.num_generated_tokens, abort_reason=traj.abort_reason,
+                  replies=[turn["text"] for turn in traj.turns], timings=traj.timings)
+    if traj.error:
+        record["rollout_error"] = traj.error
+    return to_python(record)
