@@ -13,14 +13,12 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness_envs.dbbench import data, make_backend  # noqa: E402
-from harness_envs.dbbench.backends import mysql_quote_ident  # noqa: E402
-from harness_envs.dbbench.mariadb_backend import is_available as mariadb_available  # noqa: E402
+from harness_envs.dbbench import data, make_backend
+from harness_envs.dbbench.backends import mysql_quote_ident
+from harness_envs.dbbench.mariadb_backend import is_available as mariadb_available
 
 
 def cpu_name() -> str:

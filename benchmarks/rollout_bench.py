@@ -29,14 +29,13 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from hsjax.models import get_preset, init_params, save_pretrained  # noqa: E402
-from hsjax.rollout.policy import SamplingParams  # noqa: E402
-from hsjax.rollout.sampler import Sampler  # noqa: E402
+from hsjax.models import get_preset, init_params, save_pretrained
+from hsjax.rollout.policy import SamplingParams
+from hsjax.rollout.sampler import Sampler
 
 
 def _median_time(fn, reps):

@@ -27,7 +27,6 @@ import time
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
 from hsjax.rl import grpo
 from hsjax.rl.batch import TrainBatch
 from hsjax.rl.losses import LossConfig
