@@ -92,7 +92,6 @@ EVAL_VARIANTS = {"eval": lambda c: None, "demo": _demo}
 
 def train_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.name = "dbbench"
     c.seed = 0
     common.train(c, benchmark_name="dbbench", train_split="standard_train", eval_split="standard_heldout")
     return c

@@ -49,11 +49,10 @@ COMPARE_NOISE = {"format_slip": 0.3, "skip_schema": 0.6, "premature_answer": 0.0
                  "answer_format": 0.15, "turn_waste": 0.3}
 
 
-def _shared(mode: str, name: str) -> ml_collections.ConfigDict:
+def _shared(mode: str) -> ml_collections.ConfigDict:
     """What evolve and rank1 both read: benchmark, the policy that plays, sampling and the runner."""
     c = ml_collections.ConfigDict()
     c.mode = mode
-    c.name = name
     c.seed = 0
     c.benchmark = common.benchmark("dbbench")
     c.policy = common.policy("scripted", DEV_NOISE)
@@ -63,7 +62,7 @@ def _shared(mode: str, name: str) -> ml_collections.ConfigDict:
 
 
 def evolve_config() -> ml_collections.ConfigDict:
-    c = _shared("evolve", "evolve")
+    c = _shared("evolve")
     c.pool = common.DEFAULT_POOL  # its base harness is the one evolved from
     c.split = "dev"  # tasks whose base failures are repaired: dev | standard | standard_train | standard_heldout
     c.limit = 0  # 0 = all tasks of the split
@@ -96,7 +95,8 @@ def evolve_config() -> ml_collections.ConfigDict:
 
 
 def rank1_config() -> ml_collections.ConfigDict:
-    c = _shared("rank1", "rank1")
+    c = _shared("rank1")
+    c.name = "rank1"  # the output: W/eval/<name>.json
     c.rank1 = ml_collections.ConfigDict()
     c.rank1.pool = common.DEFAULT_POOL  # e.g. W/pool.json from evolve
     c.rank1.profiles = ""  # a profiles.json of success rates to use instead of profiling

@@ -45,7 +45,6 @@ HARNESSES = ("base", "lenient_parse", "schema_reminder", "verify_answer", "paged
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.mode = "sft"
-    c.name = "testbed"
     c.seed = 0
     c.benchmark = common.benchmark("synth")
     c.pool = common.DEFAULT_POOL
@@ -121,7 +120,6 @@ def demo_config() -> ml_collections.ConfigDict:
     Harness-S and by plain GRPO, each scored again under the base harness."""
     c = ml_collections.ConfigDict()
     c.mode = "testbed_demo"
-    c.name = "testbed_demo"
     c.seed = 0
     c.model = ml_collections.ConfigDict({"hf_dir": "assets/testbed_warmstart"})
     c.demo = ml_collections.ConfigDict()
@@ -179,7 +177,6 @@ TESTBED_HINT = ("If a statement fails with an unknown column, read the column na
 
 def _train_base(arm: str) -> ml_collections.ConfigDict:
     c = experiments.get_config("dbbench", arm)
-    c.name = "testbed"
     c.benchmark.name = "synth"
     c.data.train_split = "synth_train"
     c.data.limit = 0

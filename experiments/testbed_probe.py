@@ -31,7 +31,6 @@ common = experiments.load("common")
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.mode = "probe"
-    c.name = "testbed_probe"
     c.seed = 0
     c.benchmark = common.benchmark("synth")
     c.pool = common.DEFAULT_POOL

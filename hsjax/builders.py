@@ -49,8 +49,8 @@ def unread_keys(block, path: str, reads: Mapping[str, tuple], selector: str = "k
 
 def make_benchmark(config) -> Benchmark:
     """`config.benchmark`: `name` and the benchmark's options (DBBench: `backend`, `rule`)."""
-    options = {k: v for k, v in config.benchmark.items() if k != "name"}
-    options = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in options.items()}
+    options = {k: ({kk: v[kk] for kk in v.keys()} if hasattr(v, "keys") else v)
+               for k, v in config.benchmark.items() if k != "name"}
     return _make_benchmark(config.benchmark.name, **options)
 
 

@@ -20,13 +20,13 @@ learned policy's rollouts. docs/harness_s.md, "The three properties", shows the 
 from __future__ import annotations
 
 import collections
-import json
 import pathlib
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from hsjax.harness_s.router import Profiles
+from hsjax.infra.metrics import write_json
 
 CONTROL = "base"  # the base harness re-run on its own failures: a control, not a pool member
 
@@ -305,10 +305,7 @@ def write_properties(workdir: str | pathlib.Path, outcomes: Sequence[dict], sibl
         plots["nonstationarity"] = plot_nonstationarity
     paths = {}
     for name, data in results.items():
-        p = workdir / "analysis" / f"{name}.json"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(data, indent=1, default=str) + "\n")
-        paths[name] = p
+        paths[name] = write_json(workdir / "analysis" / f"{name}.json", data)
         paths[f"{name}_png"] = plots[name](data, workdir / "plots" / f"{name}.png")
     return {**results, "paths": paths}
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import pathlib
 from typing import Any, Mapping
 
 import numpy as np
@@ -100,6 +101,17 @@ def write_episodes(workdir: str, step: int, records: list[dict]) -> str:
     with open(path, "w") as f:
         for record in records:
             f.write(json.dumps(to_python(record), sort_keys=True) + "\n")
+    return path
+
+
+def write_json(path, data, indent: int | None = 1) -> pathlib.Path:
+    """Writes `data` as JSON atomically (a temporary file renamed into place), making the parent
+    folder; values JSON cannot hold are written as text. Returns the path."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=indent, default=str) + "\n")
+    tmp.replace(path)
     return path
 
 

@@ -10,7 +10,6 @@ harnesses).
 """
 from __future__ import annotations
 
-import json
 import logging
 import pathlib
 import time
@@ -19,6 +18,7 @@ import ml_collections
 import tqdm
 
 from hsjax import builders
+from hsjax.infra.metrics import write_json
 from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
 
 log = logging.getLogger(__name__)
@@ -28,15 +28,6 @@ def unread(config) -> dict[str, str]:
     """{key: why} for keys this config holds that its chosen kinds never read (run.py rejects
     overriding them)."""
     return {**builders.policy_unread(config.policy), **builders.benchmark_unread(config)}
-
-
-def write_json(path: pathlib.Path, data) -> pathlib.Path:
-    """Writes JSON atomically (a temporary file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, default=str) + "\n")
-    tmp.replace(path)
-    return path
 
 
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -58,7 +49,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     summary = {s.name: bench.summarize([r for r in records if r["harness"] == s.name]) for s in specs}
     out = {"config": config.to_dict(), "harnesses": {s.name: s.to_json() for s in specs}, "summary": summary,
            "rollouts": runner.rollouts, "wall_s": time.perf_counter() - t0, "episodes": records}
-    path = write_json(pathlib.Path(workdir) / "eval" / f"{config.name}.json", out)
+    path = write_json(pathlib.Path(workdir) / "eval" / f"{config.name}.json", out, indent=None)
     print(f"{bench.name} {config.split} ({len(tasks)} tasks), policy={config.policy.kind}: "
           f"{bench.headline} and its parts in %")
     print(bench.format_table(summary))

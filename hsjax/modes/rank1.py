@@ -17,7 +17,7 @@ from hsjax import builders
 from hsjax.harness_s import rank1
 from hsjax.harness_s.router import Profiles
 from hsjax.infra import paths
-from hsjax.modes.evaluate import write_json
+from hsjax.infra.metrics import write_json
 from hsjax.rollout.runner import EpisodeRunner
 
 

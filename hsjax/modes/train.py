@@ -12,7 +12,6 @@ is a function of (config.seed, step), and the data position and rescuer state ar
 so a run resumed from its latest checkpoint continues exactly.
 """
 import contextlib
-import json
 import logging
 import os
 import time
@@ -49,6 +48,8 @@ def unread(config) -> dict[str, str]:
         out["dapo.max_draws"] = "dapo.enabled=False"
     if config.model.hf_dir:
         out["model.preset"] = "model.hf_dir is set: the model comes from there"
+    if "router" in config and not config.router.local_voters:
+        out["router.local_timeout_s"] = "router.local_voters is empty"
     return out
 
 
@@ -137,9 +138,8 @@ def evaluate(step, runner, bench, base, eval_sets, config, workdir):
         sampling = phase_sampling(runner.policy, config.eval, phase_seed(config.seed, step, 2000))
         records = [episode_record(t) for t in runner.run([Job(base, task) for task in tasks], sampling)]
         summary = bench.summarize(records)
-        os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
-        with open(os.path.join(workdir, "eval", f"{split}_step{step:06d}.json"), "w") as f:
-            json.dump({"step": step, "summary": summary, "episodes": records}, f, indent=1)
+        metrics_lib.write_json(os.path.join(workdir, "eval", f"{split}_step{step:06d}.json"),
+                               {"step": step, "summary": summary, "episodes": records})
         prefix = f"eval/{split}/base"
         out[f"{prefix}/success"] = float(np.mean([r["success"] for r in records])) if records else 0.0
         out[f"{prefix}/{bench.headline}"] = summary.get(bench.headline, 0.0)

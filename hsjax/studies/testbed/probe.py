@@ -40,6 +40,7 @@ from hsjax.harness_s import analysis, rank1
 from hsjax.harness_s.evolve import collect_rescues
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import paths
+from hsjax.infra.metrics import write_json
 from hsjax.rollout.policy import JaxPolicy, SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job
 
@@ -224,13 +225,6 @@ def rank1_stage(make_runner, pool, profile_tasks: Sequence,
 
 # ---------------------------------------------------------------- files and table
 
-def _write_json(path: pathlib.Path, data: Any) -> pathlib.Path:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=1, default=str) + "\n")
-    tmp.replace(path)
-    return path
-
-
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.0f}"
 
@@ -285,7 +279,7 @@ def probe_checkpoint(spec: CheckpointSpec, make_runner, cfg, workdir: pathlib.Pa
         timings["rank1_s"] = time.perf_counter() - t1
         rollouts["profiling"] = r1["profiling_rollouts"]
         rollouts["rank1"] = {a: v["runner_rollouts"] for a, v in r1["arms"].items()}
-        _write_json(workdir / f"rank1_{spec.label}.json",
+        write_json(workdir / f"rank1_{spec.label}.json",
                     {"label": spec.label, "checkpoint": spec.text, "temperature": float(cfg.temperature),
                      "profile_split": f"{cfg.profile_split}:{cfg.profile_task_seed}", **r1})
         row["rank1"] = {f"{name} | {arm}": {"rank1": v["table"]["rank1"]["accuracy"],
@@ -293,7 +287,7 @@ def probe_checkpoint(spec: CheckpointSpec, make_runner, cfg, workdir: pathlib.Pa
                         for name, arms in r1["sets"].items() for arm, v in arms.items()}
     timings["total_s"] = time.perf_counter() - t0
     row["timings"], row["rollouts"] = timings, rollouts
-    _write_json(workdir / f"properties_{spec.label}.json",
+    write_json(workdir / f"properties_{spec.label}.json",
                 {"label": spec.label, "checkpoint": spec.text, "temperature": float(cfg.temperature),
                  "tasks": f"{cfg.split}:{cfg.task_seed} x {len(tasks)}", "samples": int(cfg.samples),
                  "tries": int(cfg.tries), "base": base_sum, **props, "rollouts": rollouts, "timings": timings,
@@ -367,12 +361,12 @@ def main(config, workdir: str) -> dict:
     if len(specs) > 1:
         first, last = specs[0].label, specs[-1].label
         ns = analysis.nonstationarity(outcomes_by_label[first], outcomes_by_label[last], siblings, (first, last))
-        _write_json(workdir / "nonstationarity.json", ns)
+        write_json(workdir / "nonstationarity.json", ns)
         if ns["modes"]:
             analysis.plot_nonstationarity(ns, workdir / "nonstationarity.png")
         out["nonstationarity"] = {k: ns[k] for k in ("labels", "mean_abs_delta", "flipped_modes")}
     out["wall_s"] = time.perf_counter() - t_start
-    _write_json(workdir / "probe.json", out)
+    write_json(workdir / "probe.json", out)
     print(f"Testbed probe: {len(tasks)} tasks of {cfg.split}:{cfg.task_seed} x {cfg.samples} at T={cfg.temperature}, "
           f"pool {config.pool} ({len(siblings)} siblings)")
     print(summary_table(rows))

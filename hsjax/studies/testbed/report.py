@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from hsjax.harness_s import analysis
+from hsjax.infra.metrics import write_json
 from hsjax.studies.testbed.behaviour import ACTION_KINDS, behaviour
 from hsjax.studies.testbed.runs import HEADLINE, TRAIN_SPLIT, WARMSTART, Run, by_arm, families, load_sweep
 
@@ -310,7 +311,7 @@ def report(root, out_dir, budgets: Sequence[float] | None = None, cases: int = 3
                         "at_budget": markdown_budget_table(runs, budgets)}}
     plots = write_plots(runs, out_dir, brows, probe_dir=pathlib.Path(root) / "probe")
     out["plots"] = {k: str(v) for k, v in plots.items()}
-    pathlib.Path(out_dir, "report.json").write_text(json.dumps(out, indent=1) + "\n")
+    write_json(pathlib.Path(out_dir, "report.json"), out)
     return out
 
 

@@ -19,7 +19,6 @@ One linear `main`, in banner sections:
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import time
@@ -240,9 +239,7 @@ def main(config, workdir: str) -> dict:
         "summary": {k: v["summary"] for k, v in results.items()},
         "episodes": {k: v["episodes"] for k, v in results.items()},
     }
-    os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
-    with open(os.path.join(workdir, "eval", "sft.json"), "w") as f:
-        json.dump(metrics_lib.to_python(out), f, indent=1)
+    metrics_lib.write_json(os.path.join(workdir, "eval", "sft.json"), metrics_lib.to_python(out))
     writer.close()
     print(f"SFT: data {t_data:.0f}s, train {t_train:.0f}s ({config.sft.steps} steps), eval {t_eval:.0f}s; "
           f"wrote {hf_dir} and {os.path.join(workdir, 'eval', 'sft.json')}")
