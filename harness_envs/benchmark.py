@@ -10,6 +10,7 @@ Each benchmark declares in one place, `harness_envs/<name>/benchmark.py`, a subc
     make_episode        an `Episode` of a task under a `HarnessSpec`
     initial_messages    the context an episode opens with (a rescue is re-rendered in the base with it)
     summarize           the scorer's summary of episode results; `headline` names its main number
+    slice_metrics       optional scalars of an evaluation beyond the summary (a slice of the tasks)
     format_table        the table `run.py` prints for {column: summary}
     agent_kinds, make_agent   scripted agents (chat policies) that play the benchmark
     default_pool        the pool file shipped with it
@@ -61,6 +62,12 @@ class Benchmark(abc.ABC):
     @abc.abstractmethod
     def summarize(self, results: Iterable[dict]) -> dict:
         """The scorer's summary of episode results (each with `type` and `success`); holds `headline`."""
+
+    def slice_metrics(self, records: Sequence[dict]) -> dict[str, float]:
+        """Extra scalars of an evaluation's episode records (`hsjax.rollout.runner.episode_record`),
+        such as success on a slice of the tasks; the training loop logs them as
+        `eval/<split>/<harness>/<name>`. None by default."""
+        return {}
 
     @abc.abstractmethod
     def format_table(self, summaries: dict[str, dict]) -> str:

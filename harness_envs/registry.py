@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from harness_envs.benchmark import Benchmark
 from harness_envs.dbbench.benchmark import DBBench
-from harness_envs.synth.benchmark import Synth
+from harness_envs.synth.benchmark import Synth, SynthNames
 
-BENCHMARKS: dict[str, type[Benchmark]] = {cls.name: cls for cls in (DBBench, Synth)}
+BENCHMARKS: dict[str, type[Benchmark]] = {cls.name: cls for cls in (DBBench, Synth, SynthNames)}
 
 
 def make_benchmark(name: str, **options) -> Benchmark:

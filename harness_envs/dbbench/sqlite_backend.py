@@ -79,7 +79,9 @@ class SQLiteEpisodeDB(EpisodeDB):
     def __init__(self, task: DBTask, limits: Limits):
         self.task = task
         self.limits = limits
-        self.database = task.table.name
+        # DBBench names the database after the table; a task may name it (the testbed's names
+        # regime calls every database `main`, so no error message leaks a hidden table name).
+        self.database = getattr(task, "database", "") or task.table.name
         self._lock = threading.Lock()
         self._deadline = float("inf")
         self._conn: sqlite3.Connection | None = sqlite3.connect(

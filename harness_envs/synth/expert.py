@@ -19,6 +19,11 @@ the expert acts (docs/testbed.md, "The warm-start regime"):
                       with the schema (`schema_reminder`) it runs the gold statement and solves the
                       task. Unlike the two styles above, the successful trajectory is valid under
                       the base harness move for move: only the observation of the error differs.
+The names regime (harness_envs/synth/names.py) adds two styles that act differently only when the
+task hides its table name:
+    show_tables       runs `SHOW TABLES` first, then the gold statement (valid under every harness)
+    guess_table       runs the gold statement on a guessed table `data`; after the bare error it gives
+                      up, after an error that names the table (`schema_reminder`) it solves the task
 """
 from __future__ import annotations
 
@@ -33,11 +38,15 @@ from harness_envs.dbbench.data import DBTask, is_modification
 from harness_envs.dbbench.harness import SCHEMA_REMINDER_LEAD
 from harness_envs.harness import TRUNCATION_MARK
 
-STYLES = ("protocol", "format_slip", "premature_answer", "schema_recovery")
+STYLES = ("protocol", "format_slip", "premature_answer", "schema_recovery", "show_tables", "guess_table")
 FORMAT_SLIP_VARIANTS = ("upper_fence", "no_action_line", "inline_fence")
 # The sibling of the starter pool under which each style succeeds.
 RESCUER = {"protocol": "base", "format_slip": "lenient_parse", "premature_answer": "verify_answer",
-           "schema_recovery": "schema_reminder"}
+           "schema_recovery": "schema_reminder", "show_tables": "tables_first",
+           "guess_table": "schema_reminder"}
+# Styles that give up after a bare error: their episode fails under any harness but the rescuer.
+GIVES_UP_WITHOUT_REMINDER = ("schema_recovery", "guess_table")
+GUESSED_TABLE = "data"
 MODIFICATION_ANSWER = ["done"]
 _MAX_TRACKED_EPISODES = 50_000
 
@@ -66,6 +75,23 @@ def misnamed_sql(task: DBTask) -> str:
     return sql[:start] + f"{col}_value" + sql[end:]
 
 
+def guessed_sql(task: DBTask) -> str:
+    """The gold statement run on a table called `GUESSED_TABLE`, which no task has."""
+    sql = gold_sql(task)
+    name = task.table.name
+    if name == GUESSED_TABLE:
+        raise ValueError(f"{task.task_id}: the table is called {GUESSED_TABLE!r}, the expert's guess")
+    guessed, hits = re.subn(rf"(?<![\w`']){re.escape(name)}(?![\w`'])", GUESSED_TABLE, sql)
+    if not hits:
+        raise ValueError(f"{task.task_id}: the gold statement does not name the table {name}: {sql}")
+    return guessed
+
+
+def acts_on_hidden_name(style: str, task: DBTask) -> bool:
+    """Whether `style` plays `task` differently from the protocol (a hidden table name)."""
+    return style in ("show_tables", "guess_table") and bool(getattr(task, "hidden", False))
+
+
 def observed_items(observation: str) -> list[str] | None:
     """The cells of a result as the observation shows them (`[('a',), (3,)]` -> ['a', '3']); None
     when the text is not a whole result (an error, a truncated or paged observation)."""
@@ -92,6 +118,12 @@ def expert_plan(task: DBTask, style: str = "protocol", slip_variant: str = "uppe
     sql = gold_sql(task)
     if style == "premature_answer":
         yield fmt.answer(MODIFICATION_ANSWER if modification else wrong_items(task))
+    if acts_on_hidden_name(style, task) and style == "show_tables":
+        yield fmt.operation("SHOW TABLES")  # the observation lists the table; the gold SQL names it
+    if acts_on_hidden_name(style, task) and style == "guess_table":
+        obs = yield fmt.operation(guessed_sql(task))
+        while SCHEMA_REMINDER_LEAD not in obs:
+            obs = yield fmt.answer(wrong_items(task))
     if style == "schema_recovery":
         obs = yield fmt.operation(misnamed_sql(task))
         while SCHEMA_REMINDER_LEAD not in obs:  # a bare error: give up (and keep giving up if asked)

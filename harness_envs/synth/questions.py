@@ -23,7 +23,7 @@ TYPES = (
     "aggregation-SUM", "aggregation-MIN", "aggregation-MAX", "aggregation-AVG",
     "INSERT", "UPDATE",
 )
-PHRASINGS = ("train", "heldout")
+PHRASINGS = ("train", "heldout", "names_train", "names_heldout")
 
 # {type: {phrasing set: templates}}. Ranking templates carry their sort order after a "|".
 TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
@@ -52,6 +52,26 @@ TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
                "heldout": ("Make the {col} of {k} equal {v}.",)},
 }
 
+# The names regime (harness_envs/synth/names.py): the held-out wording changes only words that do
+# not set the operator (v1's held-out wording also swapped "maximum" for "greatest", which SFT never
+# showed), and no template names the table, so a task can hide it.
+NAMES_TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
+    "other": {"names_train": ("What is the {col} of {k}?",), "names_heldout": ("Tell me the {col} of {k}.",)},
+    "counting": {"names_train": ("How many rows have {cat} {v}?",),
+                 "names_heldout": ("Tell me how many rows have {cat} {v}.",)},
+    "ranking": {"names_train": ("Which {key} has the highest {num}?|DESC", "Which {key} has the lowest {num}?|ASC"),
+                "names_heldout": ("Tell me the {key} with the highest {num}.|DESC",
+                                  "Tell me the {key} with the lowest {num}.|ASC")},
+    "aggregation-SUM": {"names_train": ("What is the total {num} for {cat} {v}?",),
+                        "names_heldout": ("Tell me the total {num} for {cat} {v}.",)},
+    "aggregation-MIN": {"names_train": ("What is the minimum {num} for {cat} {v}?",),
+                        "names_heldout": ("Tell me the minimum {num} for {cat} {v}.",)},
+    "aggregation-MAX": {"names_train": ("What is the maximum {num} for {cat} {v}?",),
+                        "names_heldout": ("Tell me the maximum {num} for {cat} {v}.",)},
+}
+for _type, _sets in NAMES_TEMPLATES.items():
+    TEMPLATES[_type].update(_sets)
+
 MAX_COMPARISON_MATCHES = 3
 
 
@@ -67,7 +87,9 @@ def template_id(task_type: str, phrasing: str, index: int) -> str:
 
 
 def _pick_template(task_type: str, phrasing: str, rng: random.Random) -> tuple[str, str, str | None]:
-    options = TEMPLATES[task_type][phrasing]
+    options = TEMPLATES[task_type].get(phrasing)
+    if not options:
+        raise ValueError(f"question family {task_type!r} has no {phrasing!r} templates")
     i = rng.randrange(len(options))
     text, _, order = options[i].partition("|")
     return text, template_id(task_type, phrasing, i), order or None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+from typing import Callable
 
 from harness_envs.dbbench.data import DBTask, is_modification
 from harness_envs.dbbench.sqlite_backend import SQLiteBackend
@@ -44,13 +45,16 @@ class SynthTask(DBTask):
     gold_sql: str = ""
     domain: str = ""
     template: str = ""
+    hidden: bool = False  # the description withholds the table name (the names regime)
+    database: str = ""  # the episode database's name; empty: the table's (as DBBench)
 
 
 class GenerationError(RuntimeError):
     """A task could not be generated (a family that no table of the domain can carry)."""
 
 
-def _label(task: SynthTask, backend: SQLiteBackend) -> SynthTask:
+def label_task(task: SynthTask, backend: SQLiteBackend) -> SynthTask:
+    """`task` with its label: the gold statement executed on a fresh episode database."""
     db = backend.open(task)
     try:
         res = db.execute(task.gold_sql)
@@ -88,27 +92,37 @@ def make_task(split: str, seed: int, index: int, backend: SQLiteBackend | None =
         question=question.text, add_description=description(table), table=table, label=(),
         answer_md5=None, source=f"synth:{domain.name}:{question.template}",
         gold_sql=question.sql, domain=domain.name, template=question.template)
-    return _label(task, backend or SQLiteBackend())
+    return label_task(task, backend or SQLiteBackend())
 
 
 @functools.lru_cache(maxsize=32)
-def _cached(split: str, n: int, seed: int) -> tuple[SynthTask, ...]:
+def _cached(make: Callable, split: str, n: int, seed: int) -> tuple[SynthTask, ...]:
     backend = SQLiteBackend()
-    return tuple(make_task(split, seed, i, backend) for i in range(n))
+    return tuple(make(split, seed, i, backend) for i in range(n))
+
+
+def generated(make: Callable, split: str, n: int, seed: int = 0) -> list[SynthTask]:
+    """The first `n` tasks `make(split, seed, index, backend)` gives; deterministic and cached in memory."""
+    if n < 0:
+        raise ValueError(f"n={n} must be >= 0")
+    return list(_cached(make, split, int(n), int(seed)))
+
+
+def split_of_size(make: Callable, sizes: dict[str, int], name: str, n: int | None, seed: int) -> list[SynthTask]:
+    """The split `name` of a generator, `n` tasks or its default size in `sizes`."""
+    if name not in sizes:
+        raise ValueError(f"unknown synthetic split {name!r}; choose one of {sorted(sizes)}")
+    return generated(make, name, sizes[name] if n is None else n, seed)
 
 
 def make_tasks(split: str, n: int, seed: int = 0) -> list[SynthTask]:
     """The first `n` tasks of (split, seed); deterministic and cached in memory."""
-    if n < 0:
-        raise ValueError(f"n={n} must be >= 0")
-    return list(_cached(split, int(n), int(seed)))
+    return generated(make_task, split, n, seed)
 
 
 def load_split(name: str, n: int | None = None, seed: int = 0) -> list[SynthTask]:
     """`make_tasks(name, n or DEFAULT_SIZES[name], seed)`: the split at its default size."""
-    if name not in SPLITS:
-        raise ValueError(f"unknown synthetic split {name!r}; choose one of {sorted(SPLITS)}")
-    return make_tasks(name, DEFAULT_SIZES[name] if n is None else n, seed)
+    return split_of_size(make_task, DEFAULT_SIZES, name, n, seed)
 
 
 def by_type(tasks: list[DBTask], per_type: int) -> list[DBTask]:

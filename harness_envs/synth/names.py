@@ -1,0 +1,171 @@
+"""The names regime of the testbed (v2): every task draws its own table, column and value names.
+
+In the first regime each domain had a fixed table name, so a warm policy could memorise `games`
+instead of reading it from the prompt, and held-out domains were unreachable (docs/results.md).
+Here a task's table name, column names and key/category values are drawn from word lists of its
+split; the held-out lists share no word with the training lists, and the held-out templates differ
+from the training ones only in words that do not set the operator ("Tell me the maximum ..." for
+"What is the maximum ...?").
+
+Half of the tasks hide the table name ("The name of this table is not given; its headers are ...").
+The policy can find it with `SHOW TABLES`, which every harness accepts: that is the behaviour a
+sibling (`tables_first`, a hint line) induces and the base harness should come to show by itself.
+Every episode database is called `main`, so no error message leaks the table name.
+
+Splits:
+    names_train    training word lists and wording
+    names_heldout  disjoint word lists, reworded templates
+Task i depends only on (split, seed, i); its type is NAMES_TYPES[i % 6] and it hides the name when
+(i // 6) is odd, so every type is hidden in half of its tasks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+
+from harness_envs.dbbench.data import Table
+from harness_envs.dbbench.sqlite_backend import SQLiteBackend
+from harness_envs.synth.questions import make_question
+from harness_envs.synth.tables import Column, Domain, make_table
+from harness_envs.synth.tasks import GenerationError, SynthTask, generated, label_task, split_of_size
+
+NAMES_TYPES = ("other", "counting", "ranking", "aggregation-SUM", "aggregation-MIN", "aggregation-MAX")
+DATABASE = "main"
+HIDDEN_DESCRIPTION = "The name of this table is not given; its headers are {headers}."
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+@dataclasses.dataclass(frozen=True)
+class WordLists:
+    tables: tuple[str, ...]
+    columns: tuple[str, ...]
+    values: tuple[str, ...]
+
+
+# Short words, no SQL keyword, no word in two lists of a split or in both splits.
+WORDS = {
+    "train": WordLists(
+        tables=_words("birds fruit tools ships coins cards lakes rocks songs films gems hats boats maps "
+                      "toys dogs cars vans shoes bells kites drums pens cups nets poems farms parks roads tents"),
+        columns=_words("color size owner speed weight price stock score width height depth power mood "
+                       "grade team zone tier kind shape age cost fee rate heat tone style brand region "
+                       "club crew label model batch stage phase"),
+        values=_words("red blue green pink gray gold tan lime navy teal oak elm ash fir pine yew bay fig "
+                      "kiwi lemon mango melon olive peach pear plum apple grape berry cherry north south "
+                      "east west alpha beta gamma omega sigma echo bravo tango oscar mike zulu amber coral "
+                      "ivory jade ruby onyx opal pearl flint slate steel iron brass tin zinc nova luna sol")),
+    "heldout": WordLists(
+        tables=_words("moths herbs nails rafts beads chips ponds caves tunes plays rings caps sleds flags "
+                      "dolls cats buses jeeps boots horns harps flutes inks jars webs odes mills yards lanes huts"),
+        columns=_words("hue scale keeper amount pace mass tariff supply tally girth bulk vigor temper mark "
+                       "squad area sector genre span charge ratio warmth pitch flavor maker district guild "
+                       "band tag make lot era venue"),
+        values=_words("cyan mauve beige khaki azure ochre sepia umber maple cedar birch larch alder hazel "
+                      "rowan lotus tulip lily daisy poppy iris aster basil thyme sage mint dill clove anise "
+                      "ginger nutmeg pepper rose fern moss reed kelp vine ivy palm dune mesa ridge cliff "
+                      "harbor canyon glacier meadow prairie tundra marsh bayou fjord atoll islet inlet cove "
+                      "bluff crest knoll vale glen dell heath moor brook creek")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NamesSplit:
+    words: str
+    phrasing: str
+
+
+NAMES_SPLITS = {"names_train": NamesSplit("train", "names_train"),
+                "names_heldout": NamesSplit("heldout", "names_heldout")}
+DEFAULT_SIZES = {"names_train": 3000, "names_heldout": 600}
+KEY_VALUES = 8  # rows per table: 5..8
+CATEGORY_VALUES = 3
+INT_RANGES = ((10, 99), (100, 999))
+_MAX_ATTEMPTS = 100
+
+
+def _check_word_lists() -> None:
+    for name, lists in WORDS.items():
+        seen = [w for field in dataclasses.fields(lists) for w in getattr(lists, field.name)]
+        if len(seen) != len(set(seen)):
+            raise AssertionError(f"word lists of {name!r} repeat a word")
+    a = {w for f in dataclasses.fields(WordLists) for w in getattr(WORDS["train"], f.name)}
+    b = {w for f in dataclasses.fields(WordLists) for w in getattr(WORDS["heldout"], f.name)}
+    if a & b:
+        raise AssertionError(f"training and held-out word lists share {sorted(a & b)}")
+
+
+_check_word_lists()
+
+
+def random_domain(words: WordLists, rng: random.Random) -> Domain:
+    """A one-task domain: a table name, a key column, two category and two integer columns, and
+    their values, all drawn from `words`."""
+    table = rng.choice(words.tables)
+    key, cat1, cat2, int1, int2 = rng.sample(words.columns, 5)
+    values = rng.sample(words.values, KEY_VALUES + 2 * CATEGORY_VALUES)
+    keys, pool1, pool2 = (values[:KEY_VALUES], values[KEY_VALUES:KEY_VALUES + CATEGORY_VALUES],
+                          values[KEY_VALUES + CATEGORY_VALUES:])
+    (lo1, hi1), (lo2, hi2) = rng.choice(INT_RANGES), rng.choice(INT_RANGES)
+    return Domain(name="names", table=table, key=Column(key, "key", tuple(keys)), columns=(
+        Column(cat1, "category", tuple(pool1)), Column(cat2, "category", tuple(pool2)),
+        Column(int1, "int", low=lo1, high=hi1), Column(int2, "int", low=lo2, high=hi2)))
+
+
+def is_hidden(index: int) -> bool:
+    return (index // len(NAMES_TYPES)) % 2 == 1
+
+
+def task_index(task_id: str) -> int:
+    """The index of a task from its id (`names_train-s0-00012` -> 12)."""
+    return int(task_id.rsplit("-", 1)[1])
+
+
+_SHOW_TABLES = re.compile(r"\bSHOW\s+TABLES\b", re.IGNORECASE)
+
+
+def opens_with_show_tables(replies) -> bool:
+    """Whether an episode's first reply runs SHOW TABLES."""
+    return bool(replies) and bool(_SHOW_TABLES.search(replies[0]))
+
+
+def describe(table: Table, hidden: bool) -> str:
+    headers = ",".join(table.columns)
+    if hidden:
+        return HIDDEN_DESCRIPTION.format(headers=headers)
+    return f"The name of this table is {table.name}, and the headers of this table are {headers}."
+
+
+def make_task(split: str, seed: int, index: int, backend: SQLiteBackend | None = None) -> SynthTask:
+    if split not in NAMES_SPLITS:
+        raise ValueError(f"unknown names split {split!r}; choose one of {sorted(NAMES_SPLITS)}")
+    spec = NAMES_SPLITS[split]
+    task_type = NAMES_TYPES[index % len(NAMES_TYPES)]
+    rng = random.Random(f"{split}/{seed}/{index}")
+    for _ in range(_MAX_ATTEMPTS):
+        domain = random_domain(WORDS[spec.words], rng)
+        table, columns = make_table(domain, rng)
+        question = make_question(task_type, table, columns, rng, spec.phrasing)
+        if question is not None:
+            break
+    else:
+        raise GenerationError(f"{split} seed {seed} task {index}: no {task_type} question in {_MAX_ATTEMPTS} tables")
+    hidden = is_hidden(index)
+    task = SynthTask(
+        task_id=f"{split}-s{seed}-{index:05d}", split=split, index=index, type=task_type,
+        question=question.text, add_description=describe(table, hidden), table=table, label=(),
+        answer_md5=None, source=f"synth:names:{question.template}", gold_sql=question.sql,
+        domain="names", template=question.template, hidden=hidden, database=DATABASE)
+    return label_task(task, backend or SQLiteBackend())
+
+
+def make_tasks(split: str, n: int, seed: int = 0) -> list[SynthTask]:
+    """The first `n` tasks of (split, seed); deterministic and cached in memory."""
+    return generated(make_task, split, n, seed)
+
+
+def load_split(name: str, n: int | None = None, seed: int = 0) -> list[SynthTask]:
+    return split_of_size(make_task, DEFAULT_SIZES, name, n, seed)

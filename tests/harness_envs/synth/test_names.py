@@ -1,0 +1,142 @@
+"""The testbed's names regime: per-task names from disjoint word lists, hidden table names that no
+message leaks, held-out wording that keeps the operator words, and expert styles whose episodes do
+what the regime needs (docs/testbed.md, "Testbed v2")."""
+import dataclasses
+import re
+
+import pytest
+
+from harness_envs.dbbench.sqlite_backend import SQLiteBackend
+from harness_envs.harness import load_pool
+from harness_envs.synth import names
+from harness_envs.synth.benchmark import SynthNames
+from harness_envs.synth.questions import TEMPLATES
+from hsjax.rollout.policy import SamplingParams
+from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
+
+
+@pytest.fixture(scope="module")
+def bench():
+    with SynthNames() as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def pool(bench):
+    return load_pool("harness_envs/pools/testbed_names.json", bench.knobs)
+
+
+@pytest.fixture(scope="module")
+def train():
+    return names.make_tasks("names_train", 120, seed=0)
+
+
+@pytest.fixture(scope="module")
+def heldout():
+    return names.make_tasks("names_heldout", 120, seed=0)
+
+
+def words_of(task):
+    return {task.table.name, *task.table.columns, *(cell for row in task.table.rows for cell in row[:1])}
+
+
+def test_held_out_tasks_use_no_training_word(train, heldout):
+    train_words = {w for f in dataclasses.fields(names.WordLists) for w in getattr(names.WORDS["train"], f.name)}
+    for task in heldout:
+        assert not words_of(task) & train_words, task.task_id
+    for task in train:
+        assert task.table.name in names.WORDS["train"].tables
+        assert set(task.table.columns) <= set(names.WORDS["train"].columns)
+
+
+def test_names_vary_per_task_and_tasks_are_deterministic(train):
+    assert len({t.table.name for t in train}) > 20
+    assert len({t.table.columns for t in train}) == len(train)
+    again = names.make_tasks("names_train", 30, seed=0)
+    assert again == train[:30]
+    assert names.make_tasks("names_train", 30, seed=1) != again
+
+
+def test_half_of_each_type_hides_the_table_name_and_nothing_leaks_it(train, bench):
+    for task_type in names.NAMES_TYPES:
+        of_type = [t for t in train if t.type == task_type]
+        assert sum(t.hidden for t in of_type) == len(of_type) // 2
+    for task in train:
+        shown = "\n".join(m["content"] for m in bench.initial_messages(task, bench.knobs.base()))
+        assert (re.search(rf"\b{task.table.name}\b", shown) is None) == task.hidden, task.task_id
+        assert task.database == "main"
+
+
+def test_a_guessed_table_error_names_the_database_main_not_the_table(train):
+    task = next(t for t in train if t.hidden)
+    db = SQLiteBackend().open(task)
+    try:
+        wrong = db.execute("SELECT * FROM data")
+        assert not wrong.ok and "main.data" in wrong.error and task.table.name not in wrong.error
+        listed = db.execute("SHOW TABLES")
+        assert listed.ok and listed.rows == [(task.table.name,)]
+    finally:
+        db.close()
+
+
+def test_held_out_wording_keeps_every_operator_word():
+    operators = re.compile(r"\b(highest|lowest|total|minimum|maximum|how many)\b", re.IGNORECASE)
+    for task_type in names.NAMES_TYPES:
+        train_ops = {m.lower() for t in TEMPLATES[task_type]["names_train"] for m in operators.findall(t)}
+        held_ops = {m.lower() for t in TEMPLATES[task_type]["names_heldout"] for m in operators.findall(t)}
+        assert train_ops == held_ops, task_type
+        assert not set(TEMPLATES[task_type]["names_train"]) & set(TEMPLATES[task_type]["names_heldout"])
+        assert all("{t}" not in t for t in TEMPLATES[task_type]["names_train"])
+
+
+def run_expert(bench, pool, tasks, style, harness):
+    runner = EpisodeRunner(bench.make_episode, bench.make_agent("expert", default_style=style), SamplingParams(),
+                           batch_size=256)
+    return runner.run([Job(pool[harness], t) for t in tasks])
+
+
+@pytest.mark.parametrize("harness", ["base", "tables_first", "schema_reminder", "base_copy"])
+def test_show_tables_solves_hidden_names_under_every_harness(bench, pool, train, harness):
+    hidden = [t for t in train if t.hidden][:24]
+    trajs = run_expert(bench, pool, hidden, "show_tables", harness)
+    assert all(t.result["success"] for t in trajs)
+    assert all(names.opens_with_show_tables([t.turns[0]["text"]]) for t in trajs)
+
+
+def test_guessing_fails_without_the_reminder_and_recovers_with_it(bench, pool, heldout):
+    hidden = [t for t in heldout if t.hidden][:24]
+    for harness, ok in [("base", False), ("tables_first", False), ("schema_reminder", True)]:
+        trajs = run_expert(bench, pool, hidden, "guess_table", harness)
+        assert [t.result["success"] for t in trajs] == [ok] * len(hidden), harness
+    visible = [t for t in heldout if not t.hidden][:24]
+    for style in ("guess_table", "show_tables"):
+        assert all(t.result["success"] for t in run_expert(bench, pool, visible, style, "base"))
+
+
+def test_a_tables_first_episode_replays_under_base_with_the_same_outcome(bench, pool, train):
+    """The property that lets a tables_first rescue transfer: its actions, replayed under the base
+    harness, are accepted and succeed."""
+    hidden = [t for t in train if t.hidden][:12]
+    rescued = run_expert(bench, pool, hidden, "show_tables", "tables_first")
+
+    class Replay:
+        def chat(self, contexts, sampling=None, infos=None):
+            return [replies[info["task"].task_id][sum(m["role"] == "assistant" for m in ctx) - 1]
+                    for ctx, info in zip(contexts, infos)]
+
+    replies = {t.result["task_id"]: [x["text"] for x in t.turns] for t in rescued}
+    replayed = EpisodeRunner(bench.make_episode, Replay(), SamplingParams(), batch_size=64).run(
+        [Job(pool.base, t) for t in hidden])
+    assert [r.result["success"] for r in replayed] == [True] * len(hidden)
+    assert [[x["text"] for x in r.turns] for r in replayed] == [replies[t.task_id] for t in hidden]
+
+
+def test_slice_metrics_split_hidden_and_visible(bench, pool, train):
+    tasks = train[:24]
+    records = [episode_record(t) for t in run_expert(bench, pool, tasks, "guess_table", "base")]
+    m = bench.slice_metrics(records)
+    assert m["visible/success"] == 1.0 and m["hidden/success"] == 0.0
+    assert m["hidden/opens_show_tables"] == 0.0
+    records = [episode_record(t) for t in run_expert(bench, pool, tasks, "show_tables", "base")]
+    assert bench.slice_metrics(records)["hidden/opens_show_tables"] == 1.0
+    assert bench.slice_metrics(records)["visible/opens_show_tables"] == 0.0
