@@ -107,6 +107,7 @@ def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, e
                          "success_threshold": 1.0, "eps_low": 0.2, "eps_high": 0.28,
                          "aggregation": "token_mean",  # token_mean | sequence_mean
                          "beta": 0.0, "is_cap": 2.0,
+                         "is_weight": "capped",  # capped | one (w = 1 on re-contextualised rescue rows)
                          "rescue_context": "as_generated",  # as_generated | base
                          "rescue_baseline": "rescue"})  # rescue | with_base (see docs/training.md)
     c.optim = ConfigDict({"learning_rate": 1e-6, "warmup_steps": 10, "weight_decay": 0.01, "max_grad_norm": 1.0,

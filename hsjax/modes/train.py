@@ -64,6 +64,7 @@ def loss_config(config) -> LossConfig:
                       eps_low=config.loss.eps_low, eps_high=config.loss.eps_high,
                       aggregation=config.loss.aggregation, beta=config.loss.beta,
                       temperature=config.rollout.temperature, is_cap=config.loss.is_cap,
+                      is_weight=config.loss.is_weight,
                       rescue_baseline=config.loss.rescue_baseline)
 
 
@@ -143,6 +144,7 @@ def evaluate(step, runner, bench, base, eval_sets, config, workdir):
         prefix = f"eval/{split}/base"
         out[f"{prefix}/success"] = float(np.mean([r["success"] for r in records])) if records else 0.0
         out[f"{prefix}/{bench.headline}"] = summary.get(bench.headline, 0.0)
+        out.update({f"{prefix}/{name}": float(v) for name, v in bench.slice_metrics(records).items()})
     return out
 
 

@@ -19,6 +19,7 @@ from hsjax.rl.advantages import get_advantage
 
 AGGREGATIONS = ("token_mean", "sequence_mean")
 RESCUE_BASELINES = ("rescue", "with_base")
+IS_WEIGHTS = ("capped", "one")
 SumDen = Tuple[jax.Array, jax.Array]
 
 
@@ -41,6 +42,9 @@ class LossConfig:
     is_cap:             cap c of the truncated importance weight on re-contextualised rescue rows
                         (`rescue_context='base'`, rows with `recontext_B`): w = min(pi_old(base) /
                         mu(sibling), c)
+    is_weight:          `capped` (the truncated weight above) or `one`: w = 1, the re-contextualised
+                        rows train as if the base harness had produced them (the floor of the
+                        correction, as a positive control for transfer uses; docs/training.md)
     """
 
     advantage: str = "grpo"
@@ -51,12 +55,15 @@ class LossConfig:
     beta: float = 0.0
     temperature: float = 1.0
     is_cap: float = 2.0
+    is_weight: str = "capped"
     rescue_baseline: str = "rescue"
 
     def __post_init__(self):
         get_advantage(self.advantage)  # Raises with the list of known estimators.
         if self.rescue_baseline not in RESCUE_BASELINES:
             raise ValueError(f"rescue_baseline {self.rescue_baseline!r} is not one of {RESCUE_BASELINES}")
+        if self.is_weight not in IS_WEIGHTS:
+            raise ValueError(f"is_weight {self.is_weight!r} is not one of {IS_WEIGHTS}")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"loss aggregation {self.aggregation!r} is not one of {AGGREGATIONS}")
         if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
@@ -140,7 +147,8 @@ def policy_loss_terms(
     # Masked tokens get log-ratio 0 before exp, so no inf/NaN can reach the gradient from them.
     ratio_BxT = jnp.exp(jnp.where(mask_BxT, logp_BxT - anchor_BxT, 0.0))
     behaviour_gap_BxT = jnp.where(recontext_BxT, jax.lax.stop_gradient(logp_BxT) - old_logp_BxT, 0.0)
-    weight_BxT = jnp.where(recontext_BxT, jnp.minimum(jnp.exp(behaviour_gap_BxT), cfg.is_cap), 1.0)
+    capped_BxT = jnp.minimum(jnp.exp(behaviour_gap_BxT), cfg.is_cap) if cfg.is_weight == "capped" else 1.0
+    weight_BxT = jnp.where(recontext_BxT, capped_BxT, 1.0)
 
     adv_Bx1 = advantage_B.astype(jnp.float32)[:, None]
     clipped_ratio_BxT = jnp.clip(ratio_BxT, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)

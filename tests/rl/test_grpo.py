@@ -277,6 +277,26 @@ def test_rescue_context_base_uses_truncated_importance_weight():
     assert float(terms["pg_clipfrac"][0]) == 0.0
 
 
+def test_is_weight_one_trains_recontextualised_rows_as_on_policy_base_rows():
+    cfg = LossConfig(eps_low=0.2, eps_high=0.2, is_cap=2.0, is_weight="one")
+    logp = np.log(np.array([[0.5, 0.5, 0.5]], np.float32))
+    behaviour = np.log(np.array([[0.5, 0.1, 0.9]], np.float32))  # would give weights 1, 2 (capped), 0.56
+    mask, advantage = np.array([[1, 1, 1]], bool), np.array([-2.0], np.float32)
+    terms, _ = policy_loss_terms(jnp.asarray(logp), behaviour, advantage, mask, np.array([True]), cfg)
+    grad = _pg_grad(logp, behaviour, advantage, mask, np.array([True]), cfg)
+    np.testing.assert_allclose(grad, [[2.0, 2.0, 2.0]], rtol=1e-5)  # -A * 1 on every token
+    assert float(terms["is_weight/mean"][0] / terms["is_weight/mean"][1]) == pytest.approx(1.0)
+    # Rows that are not re-contextualised keep the ordinary clipped ratio to their sampler logp.
+    plain = _pg_grad(logp, behaviour, advantage, mask, np.array([False]), cfg)
+    np.testing.assert_allclose(plain, _pg_grad(logp, behaviour, advantage, mask, np.array([False]),
+                                               LossConfig(eps_low=0.2, eps_high=0.2)), rtol=1e-6)
+
+
+def test_unknown_is_weight_is_an_error():
+    with pytest.raises(ValueError, match="is_weight"):
+        LossConfig(is_weight="none")
+
+
 def test_aggregation_of_empty_mask_is_zero_over_zero():
     total, den = aggregate(jnp.ones((2, 3)), jnp.zeros((2, 3), bool), "sequence_mean")
     assert float(total) == 0 and float(den) == 0
