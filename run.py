@@ -33,6 +33,7 @@ MODES = {
     "sft": "hsjax.studies.testbed.warmstart",
     "probe": "hsjax.studies.testbed.probe",
     "testbed_demo": "hsjax.studies.testbed.demo",
+    "testbed_gates": "hsjax.studies.testbed.gates",
 }
 
 

@@ -62,6 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
          "head_dim": 0})
 
     c.regime = ml_collections.ConfigDict()
+    c.regime.kind = "types"  # types: the first regime (families A/B); names: testbed v2 (`:names`)
     c.regime.families_a = FAMILIES_A
     c.regime.families_b = FAMILIES_B
     # schema_recovery (docs/testbed.md, "The warm-start regime"): families B misname a column first
@@ -115,6 +116,59 @@ def _format_slip(c: ml_collections.ConfigDict) -> None:
     c.regime.b_style = "format_slip"
 
 
+NAMES_POOL = "harness_envs/pools/testbed_names.json"
+NAMES_HARNESSES = ("base", "tables_first", "schema_reminder")
+
+
+def _names(c: ml_collections.ConfigDict) -> None:
+    """Testbed v2 (docs/testbed.md, "Testbed v2"): per-task names, half of the tasks hide the table
+    name, the names pool. The SFT mix plants SHOW TABLES rarely under base and often under
+    tables_first (`hsjax.studies.testbed.warmstart.names_plan`); the gates check what came out."""
+    c.benchmark = common.benchmark("synth_names")
+    c.pool = NAMES_POOL
+    c.data.train_split = "names_train"
+    c.data.num_train_tasks = 3000
+    c.data.task_seed = 0  # GRPO draws from task seed 1, evaluation from seeds 2 (train) and 0 (held-out)
+    c.regime = ml_collections.ConfigDict({
+        "kind": "names",
+        "visible_hint_share": 0.25,
+        "hidden_shares": (0.4, 0.4, 0.2),  # base, tables_first, schema_reminder
+        "show_rate_base": 0.08,
+        "show_rate_hint": 0.75,
+    })
+    c.sft.num_tasks = 3000
+    c.sft.steps = 2000
+    c.sft.batch_size = 32
+    c.sft.max_len = 640  # a few hidden-name episodes with a long table exceed 512
+    c.optim.warmup_steps = 50
+    c.eval.split = "names_heldout"
+    c.eval.num_tasks = 600
+    c.eval.per_type = 10
+    c.eval.harnesses = NAMES_HARNESSES
+    c.eval.sampled = False  # the gates (`:gates`) measure at the trainer's temperature
+
+
+def gates_config() -> ml_collections.ConfigDict:
+    """The warm-start gates of testbed v2 (hsjax/studies/testbed/gates.py), at temperature 1."""
+    c = ml_collections.ConfigDict()
+    c.mode = "testbed_gates"
+    c.seed = 0
+    c.benchmark = common.benchmark("synth_names")
+    c.pool = NAMES_POOL
+    # checkpoint: a training workdir, to measure a trained policy (its latest checkpoint) the same way
+    c.model = ml_collections.ConfigDict({"hf_dir": "assets/testbed_names_warmstart", "checkpoint": ""})
+    c.gates = ml_collections.ConfigDict()
+    c.gates.tasks_per_cell = 100
+    c.gates.heldout_split = "names_heldout"
+    c.gates.heldout_seed = 0
+    c.gates.train_split = "names_train"
+    c.gates.train_seed = 2  # SFT used seed 0, GRPO seed 1
+    c.gates.temperature = 1.0
+    c.gates.max_new_tokens = 64
+    c.gates.batch_size = 256
+    return c
+
+
 def demo_config() -> ml_collections.ConfigDict:
     """README's main job (hsjax/studies/testbed/demo.py): the shipped warm start, scored, then trained by
     Harness-S and by plain GRPO, each scored again under the base harness."""
@@ -155,6 +209,7 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
 
 VARIANTS = {
     "sft": _sft,
+    "names": _names,
     "gpu": _gpu,
     "premature": _premature,
     "format_slip": _format_slip,
@@ -241,7 +296,85 @@ def _warmstart(_):
     return c
 
 
+# ------------------------------------------------------------------------------------------------
+# Testbed v2 arms (docs/testbed.md, "Testbed v2"; pre-registered rules in docs/results.md): GRPO
+# from the names warm start on tasks of a seed SFT never used; the primary measure is held-out
+# hidden-name success under the base harness at T = 1 (`eval/names_heldout/base/hidden/success`).
+
+NAMES_WARMSTART = "assets/testbed_names_warmstart"
+
+
+def _names_train_base(arm: str) -> ml_collections.ConfigDict:
+    c = _train_base(arm)
+    c.benchmark.name = "synth_names"
+    c.pool = NAMES_POOL
+    c.model.hf_dir = NAMES_WARMSTART
+    c.data.train_split = "names_train"
+    c.data.task_seed = 1  # SFT imitated seed 0
+    c.eval.split = "names_heldout"
+    c.eval.extra_splits = ("names_train",)
+    c.eval.task_seed = 2
+    c.eval.limit = 600  # 300 hidden-name tasks per split
+    c.eval.greedy = False  # at the trainer's temperature: a shift from 5% to 30% shows before it is the argmax
+    c.eval.temperature = 1.0
+    c.rollout.max_context_tokens = 1024
+    c.batch.T_buckets = (256, 512, 1024)
+    c.batch.micro_batches = 2
+    c.optim.learning_rate = 1e-3
+    c.checkpoint.keep = 100  # every checkpoint: the mechanism curves are measured on them afterwards
+    return c
+
+
+def _names_arm(base_arm: str, *, kind: str | None = None, siblings=(), k: int = 0, m: int = 0,
+               context: str = "as_generated", is_weight: str = "capped", n: int = 0):
+    def arm(_):
+        c = _names_train_base(base_arm)
+        if kind is not None:
+            c.rescue.kind = kind
+            c.rescue.siblings = tuple(siblings)
+        if k:
+            c.rescue.k, c.rescue.m = k, m
+        if base_arm == "harness_s":
+            c.router.local_voters = ()  # on profiles: the tiny policy as a voter cannot rank harnesses
+        c.loss.rescue_context = context
+        c.loss.is_weight = is_weight
+        if n:
+            c.rollout.n = n
+        return c
+    return arm
+
+
+NAMES_ARMS = {
+    # tier 1
+    "names_policy_only": _names_arm("policy_only"),
+    "names_policy_only_n6": _names_arm("policy_only", n=6),  # about Harness-S's executor rollouts
+    "names_harness_s": _names_arm("harness_s"),
+    "names_harness_s_base": _names_arm("harness_s", context="base", is_weight="one"),
+    "names_tables_first": _names_arm("train", kind="fixed", siblings=("tables_first",), k=1, m=4),
+    "names_tables_first_base": _names_arm("train", kind="fixed", siblings=("tables_first",), k=1, m=4,
+                                          context="base", is_weight="one"),  # the positive control
+    "names_schema_reminder": _names_arm("train", kind="fixed", siblings=("schema_reminder",), k=1, m=4),
+    "names_base_reroll": _names_arm("train", kind="fixed", siblings=("base_copy",), k=1, m=4),
+    # tier 2
+    "names_dapo": _names_arm("dapo"),
+    "names_random": _names_arm("train", kind="random"),
+    "names_tables_first_base_is": _names_arm("train", kind="fixed", siblings=("tables_first",), k=1, m=4,
+                                             context="base"),
+}
+
+
+def _names_warmstart(_):
+    """Scores the names warm start once (step 0), like `warmstart`."""
+    c = _names_train_base("policy_only")
+    c.total_steps = 0
+    c.optim.schedule_steps = 10
+    c.eval.at_start = True
+    return c
+
+
 TRAIN_ARMS = {
+    "names_warmstart": _names_warmstart,
+    **NAMES_ARMS,
     "warmstart": _warmstart,
     "policy_only": lambda _: _train_base("policy_only"),
     "dapo": lambda _: _train_base("dapo"),
@@ -292,6 +425,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variants = common.variants(arg)
     if variants == ["demo"]:
         return demo_config()
+    if variants == ["gates"]:
+        return gates_config()
     arms = [v for v in variants if v in TRAIN_ARMS]
     if len(arms) > 1:
         raise ValueError(f"name one training arm, got {arms}")
@@ -303,7 +438,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             elif variant not in TRAIN_ARMS:
                 raise ValueError(f"{variant!r} does not combine with the training arm {arms[0]!r}; "
                                  f"modifiers: {sorted(ARM_MODIFIERS)}")
-        if arms[0] == "warmstart":
+        if arms[0] in ("warmstart", "names_warmstart"):
             c.total_steps = 0  # modifiers size the training arms; the warm start is only scored
         return c
     c = base_config()

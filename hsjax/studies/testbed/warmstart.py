@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import random
 import time
 
 import jax
@@ -42,12 +43,6 @@ from hsjax.rollout.runner import EpisodeRunner, Job
 from hsjax.rollout.streams import RecordingChatPolicy, render_segments
 
 log = logging.getLogger(__name__)
-
-# Styles whose trajectory under the base harness is a demonstration of failing (and is imitated as
-# such for a share `regime.b_base_share` of the families-B tasks), so the warm policy fails there
-# for lack of what the sibling supplies, not for lack of data.
-GIVES_UP_UNDER_BASE = ("schema_recovery",)
-
 
 def end_of_turn_id(tokenizer) -> int:
     """The id that ends an assistant turn in the chat template (`<|im_end|>`)."""
@@ -74,32 +69,77 @@ def regime_plan(config) -> dict[str, tuple[str, str]]:
 
 def episode_harness(task, plan, config) -> str:
     """The harness a task's expert episode runs under: the plan's, except that a stable
-    `regime.b_base_share` of the tasks of a style in GIVES_UP_UNDER_BASE run under the base harness."""
+    `regime.b_base_share` of the tasks of a style that gives up without the reminder run under the
+    base harness (a demonstration of failing for lack of what the sibling supplies)."""
     style, harness = plan[task.type]
-    if style in GIVES_UP_UNDER_BASE and (task.index * 0.6180339887) % 1.0 < config.regime.b_base_share:
+    if style in expert_lib.GIVES_UP_WITHOUT_REMINDER and (task.index * 0.6180339887) % 1.0 < config.regime.b_base_share:
         return "base"
     return harness
 
 
-def expert_streams(tasks, plan, pool, tokenizer, config, bench):
-    """Rolls out the expert on `tasks` (types outside `plan` skipped); returns (segments, records)."""
-    styles = {t: style for t, (style, _) in plan.items()}
-    expert = RecordingChatPolicy(bench.make_agent("expert", styles=styles, slip_variant=config.regime.slip_variant))
-    runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=1 << 30,
-                           env_workers=config.sft.env_workers)
-    jobs = [Job(pool[episode_harness(task, plan, config)], task) for task in tasks if task.type in plan]
+def _uniform(index: int, salt: str) -> float:
+    return random.Random(f"sft/{salt}/{index}").random()
+
+
+def names_plan(task, regime) -> tuple[str, str]:
+    """(harness, style) of a names-regime task's expert episode (docs/testbed.md, "Testbed v2").
+
+    Visible names: the protocol, a share `visible_hint_share` under tables_first so that the hint
+    line alone does not change what the policy does. Hidden names: under base, tables_first or
+    schema_reminder by `hidden_shares`; the expert opens with SHOW TABLES at `show_rate_hint` under
+    tables_first and at `show_rate_base` otherwise (schema_reminder opens in exactly the base's
+    context, so the two rates must agree), and guesses the table name the rest of the time."""
+    if not task.hidden:
+        return ("tables_first" if _uniform(task.index, "visible") < regime.visible_hint_share else "base"), "protocol"
+    base_share, hint_share, reminder_share = regime.hidden_shares
+    if abs(base_share + hint_share + reminder_share - 1.0) > 1e-6:
+        raise ValueError(f"regime.hidden_shares={tuple(regime.hidden_shares)} must sum to 1 (base, "
+                         "tables_first, schema_reminder)")
+    u = _uniform(task.index, "harness")
+    harness = "base" if u < base_share else "tables_first" if u < base_share + hint_share else "schema_reminder"
+    rate = regime.show_rate_hint if harness == "tables_first" else regime.show_rate_base
+    return harness, ("show_tables" if _uniform(task.index, "style") < rate else "guess_table")
+
+
+def sft_jobs(tasks, config) -> list[tuple]:
+    """[(task, harness name, expert style)]: the expert episodes of the SFT data."""
+    if config.regime.kind == "names":
+        return [(task, *names_plan(task, config.regime)) for task in tasks]
+    if config.regime.kind != "types":
+        raise ValueError(f"regime.kind={config.regime.kind!r} is not 'types' or 'names'")
+    plan = regime_plan(config)
+    return [(task, episode_harness(task, plan, config), plan[task.type][0]) for task in tasks if task.type in plan]
+
+
+def expected_to_fail(task, harness: str, style: str) -> bool:
+    """The demonstrated failures of a regime: a style that gives up after a bare error, under a
+    harness that does not show the schema."""
+    acts = style == "schema_recovery" or expert_lib.acts_on_hidden_name(style, task)
+    return acts and style in expert_lib.GIVES_UP_WITHOUT_REMINDER and harness != expert_lib.RESCUER[style]
+
+
+def expert_streams(jobs, pool, tokenizer, config, bench):
+    """Rolls out the expert on `jobs` (`sft_jobs`), one expert per style; returns (segments, records)
+    in the order of the jobs."""
+    options = {"slip_variant": config.regime.slip_variant} if config.regime.kind == "types" else {}
     eos_id = end_of_turn_id(tokenizer)
-    segments, records = [], []
-    for job, traj in zip(jobs, runner.run(jobs)):
-        task_type = job.task.type
-        if job.spec.name == "base" and styles[task_type] in GIVES_UP_UNDER_BASE:
-            pass  # the demonstrated failure the regime wants: no recovery without the sibling's help
-        elif not traj.result["success"]:
-            raise RuntimeError(f"the expert failed {job.task.task_id} under {job.spec.name} "
-                               f"({traj.result['failure_mode']}); the regime pairs each style with the "
-                               "harness that accepts it, so this is a bug in the expert or the tasks")
-        segments.extend(render_segments(tokenizer, expert.turns[traj.episode_id], eos_id))
-        records.append({"task_id": job.task.task_id, "type": task_type, "harness": job.spec.name})
+    by_style = collections.defaultdict(list)
+    for i, (_, _, style) in enumerate(jobs):
+        by_style[style].append(i)
+    rendered: dict[int, list] = {}
+    for style, indices in by_style.items():
+        expert = RecordingChatPolicy(bench.make_agent("expert", default_style=style, **options))
+        runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=1 << 30,
+                               env_workers=config.sft.env_workers)
+        for i, traj in zip(indices, runner.run([Job(pool[jobs[i][1]], jobs[i][0]) for i in indices])):
+            task, harness, _ = jobs[i]
+            if not traj.result["success"] and not expected_to_fail(task, harness, style):
+                raise RuntimeError(f"the expert failed {task.task_id} under {harness} in style {style} "
+                                   f"({traj.result['failure_mode']}); the regime pairs each style with the "
+                                   "harness that accepts it, so this is a bug in the expert or the tasks")
+            rendered[i] = render_segments(tokenizer, expert.turns[traj.episode_id], eos_id)
+    segments = [seg for i in range(len(jobs)) for seg in rendered[i]]
+    records = [{"task_id": t.task_id, "type": t.type, "harness": h, "style": st} for t, h, st in jobs]
     return segments, records
 
 
@@ -155,11 +195,11 @@ def main(config, workdir: str) -> dict:
     tokenizer = build_tiny_tokenizer()
     bench = builders.make_benchmark(config)
     pool = builders.load_pool(config, bench)
-    plan = regime_plan(config)
     train_tasks = bench.load_split(config.data.train_split, seed=config.data.task_seed,
                                    limit=config.data.num_train_tasks)
     sft_tasks = train_tasks[: config.sft.num_tasks]
-    segments, sft_records = expert_streams(sft_tasks, plan, pool, tokenizer, config, bench)
+    jobs = sft_jobs(sft_tasks, config)
+    segments, sft_records = expert_streams(jobs, pool, tokenizer, config, bench)
     data = pack(segments, pad_id=tokenizer.pad_token_id, max_len=config.sft.max_len)
     console.say(f"SFT data: {len(segments)} streams from {len(sft_records)} tasks, shared prefix "
                 f"{len(data.prefix_P)} tokens, suffixes padded to {data.tokens_NxU.shape[1]}, "
@@ -231,7 +271,7 @@ def main(config, workdir: str) -> dict:
     bench.close()
 
     out = {
-        "regime": {t: {"style": s, "harness": h} for t, (s, h) in plan.items()},
+        "regime": dict(collections.Counter(f"{r['harness']}/{r['style']}" for r in sft_records)),
         "sft": {"streams": len(segments), "tasks": len(sft_records), "steps": config.sft.steps,
                 "prefix_tokens": int(len(data.prefix_P)), "policy_tokens": data.num_policy_tokens,
                 "final_loss": last.get("loss/sft")},

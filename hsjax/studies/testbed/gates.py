@@ -1,0 +1,101 @@
+"""The warm-start gates of testbed v2 (`config.mode = 'testbed_gates'`; docs/testbed.md, "Testbed v2").
+
+    python run.py --config experiments/testbed.py:gates --config.model.hf_dir=W_sft/hf --workdir W_gates
+
+Before any GRPO arm runs, the warm start must make the effect reachable. At the trainer's
+temperature, on `gates.tasks_per_cell` tasks per cell:
+    G1  visible names under base: held-out success >= 50%, within 10 points of the training words
+    G2  hidden names under tables_first: opens with SHOW TABLES 60-80% of episodes, succeeds >= 40%
+    G3  hidden names under base: opens with SHOW TABLES 4-12%, succeeds 2-8% (so most groups of 4
+        fail entirely and need a rescue)
+    G4  hidden names under schema_reminder: success within 15 points of G2's
+Prints the table, writes `W/gates.json`. With `model.checkpoint` (a training workdir) it measures a
+trained policy the same way: the opening rate under base on hidden held-out names is the mechanism.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from harness_envs.synth import names
+from hsjax import builders
+from hsjax.infra import metrics as metrics_lib
+from hsjax.rollout.policy import SamplingParams
+from hsjax.rollout.runner import EpisodeRunner, Job
+
+# (cell, split key, hidden, harness)
+CELLS = (
+    ("visible/heldout/base", "heldout", False, "base"),
+    ("visible/train/base", "train", False, "base"),
+    ("hidden/heldout/tables_first", "heldout", True, "tables_first"),
+    ("hidden/heldout/base", "heldout", True, "base"),
+    ("hidden/heldout/schema_reminder", "heldout", True, "schema_reminder"),
+)
+
+
+def opens_with_show_tables(traj) -> bool:
+    return names.opens_with_show_tables([turn["text"] for turn in traj.turns])
+
+
+def cell_tasks(bench, split: str, seed: int, hidden: bool, n: int) -> list:
+    """The first `n` tasks of (split, seed) whose table name is hidden (or visible)."""
+    tasks = [t for t in bench.load_split(split, seed=seed, limit=4 * n + 12) if t.hidden == hidden]
+    if len(tasks) < n:
+        raise ValueError(f"{split} seed {seed}: only {len(tasks)} tasks with hidden={hidden}, wanted {n}")
+    return tasks[:n]
+
+
+def verdicts(cells: dict) -> dict[str, dict]:
+    """{gate: {"pass": bool, "rule": text}} from the cells' success and opening rates (fractions)."""
+    s = {name: c["success"] for name, c in cells.items()}
+    o = {name: c["opens_show_tables"] for name, c in cells.items()}
+    g1 = s["visible/heldout/base"] >= 0.5 and abs(s["visible/heldout/base"] - s["visible/train/base"]) <= 0.10
+    g2 = 0.6 <= o["hidden/heldout/tables_first"] <= 0.8 and s["hidden/heldout/tables_first"] >= 0.4
+    g3 = 0.04 <= o["hidden/heldout/base"] <= 0.12 and 0.02 <= s["hidden/heldout/base"] <= 0.08
+    g4 = abs(s["hidden/heldout/schema_reminder"] - s["hidden/heldout/tables_first"]) <= 0.15
+    return {"G1": {"pass": g1, "rule": "visible held-out under base >= 50%, within 10 points of training words"},
+            "G2": {"pass": g2, "rule": "hidden under tables_first: opens SHOW TABLES 60-80%, success >= 40%"},
+            "G3": {"pass": g3, "rule": "hidden under base: opens SHOW TABLES 4-12%, success 2-8%"},
+            "G4": {"pass": g4, "rule": "hidden under schema_reminder: success within 15 points of G2"}}
+
+
+def format_gates(cells: dict, gates: dict) -> str:
+    lines = [f"{'cell':<34}{'n':>5}{'success %':>11}{'SHOW TABLES first %':>21}"]
+    for name, c in cells.items():
+        lines.append(f"{name:<34}{c['n']:>5}{100 * c['success']:>11.1f}{100 * c['opens_show_tables']:>21.1f}")
+    for gate, v in gates.items():
+        lines.append(f"{gate}  {'PASS' if v['pass'] else 'FAIL'}  {v['rule']}")
+    return "\n".join(lines)
+
+
+def main(config, workdir: str) -> dict:
+    os.makedirs(workdir, exist_ok=True)
+    g = config.gates
+    bench = builders.make_benchmark(config)
+    pool = builders.load_pool(config, bench)
+    policy = builders.load_jax_policy(config.model.hf_dir, config.model.checkpoint, seed=config.seed)
+    runner = EpisodeRunner(bench.make_episode, policy, SamplingParams(), batch_size=g.batch_size)
+    sampling = SamplingParams(temperature=g.temperature, max_new_tokens=g.max_new_tokens, seed=config.seed)
+    splits = {"heldout": (g.heldout_split, g.heldout_seed), "train": (g.train_split, g.train_seed)}
+    jobs, spans = [], {}
+    for name, split_key, hidden, harness in CELLS:
+        split, seed = splits[split_key]
+        tasks = cell_tasks(bench, split, seed, hidden, g.tasks_per_cell)
+        spans[name] = (len(jobs), len(jobs) + len(tasks))
+        jobs += [Job(pool[harness], task) for task in tasks]
+    trajs = runner.run(jobs, sampling)  # one batch: every cell shares the sampler's compiled shapes
+    bench.close()
+    cells, episodes = {}, []
+    for name, (a, b) in spans.items():
+        part = trajs[a:b]
+        cells[name] = {"n": len(part), "success": float(np.mean([t.result["success"] for t in part])),
+                       "opens_show_tables": float(np.mean([opens_with_show_tables(t) for t in part]))}
+        episodes += [{"cell": name, "task_id": t.result["task_id"], "success": t.result["success"],
+                      "failure_mode": t.result["failure_mode"], "replies": [x["text"] for x in t.turns]}
+                     for t in part]
+    gates = verdicts(cells)
+    print(format_gates(cells, gates), flush=True)
+    out = {"cells": cells, "gates": gates, "temperature": g.temperature, "episodes": episodes}
+    metrics_lib.write_json(os.path.join(workdir, "gates.json"), out)
+    return out

@@ -1,0 +1,133 @@
+"""Testbed v2 (the names regime) end to end on a few tasks: the SFT mix plants the opening rates the
+config asks for, a short SFT writes a warm start, the gates measure it and judge by the pre-registered
+thresholds, and every training arm of the regime runs from it (docs/testbed.md, "Testbed v2")."""
+import collections
+import json
+
+import pytest
+from ml_collections import ConfigDict
+
+from harness_envs.synth import names
+from hsjax.infra import experiments
+from hsjax.modes import train
+from hsjax.studies.testbed import gates, warmstart
+
+from tests.modes.test_config_reads import covered, never_read
+
+testbed = experiments.load("testbed")
+
+
+def test_the_sft_mix_plants_the_configured_shares():
+    config = experiments.get_config("testbed", "sft,names")
+    tasks = names.make_tasks("names_train", 3000, seed=0)
+    jobs = warmstart.sft_jobs(tasks, config)
+    r = config.regime
+    visible = [h for t, h, s in jobs if not t.hidden]
+    assert all(s == "protocol" for t, _, s in jobs if not t.hidden)
+    assert visible.count("tables_first") / len(visible) == pytest.approx(r.visible_hint_share, abs=0.03)
+    hidden = collections.Counter(h for t, h, _ in jobs if t.hidden)
+    n_hidden = sum(hidden.values())
+    for name, share in zip(("base", "tables_first", "schema_reminder"), r.hidden_shares):
+        assert hidden[name] / n_hidden == pytest.approx(share, abs=0.04)  # 1,500 hidden tasks: sd 0.013
+
+    def show_rate(harness):
+        styles = [s for t, h, s in jobs if t.hidden and h == harness]
+        return styles.count("show_tables") / len(styles)
+
+    assert show_rate("tables_first") == pytest.approx(r.show_rate_hint, abs=0.04)
+    # schema_reminder opens in the base's context, so the two are planted at the same rate.
+    assert show_rate("base") == pytest.approx(r.show_rate_base, abs=0.03)
+    assert show_rate("schema_reminder") == pytest.approx(r.show_rate_base, abs=0.04)
+
+
+def test_shares_that_do_not_sum_to_one_are_an_error():
+    regime = ConfigDict({"visible_hint_share": 0.2, "hidden_shares": (0.5, 0.5, 0.5),
+                         "show_rate_base": 0.1, "show_rate_hint": 0.7})
+    hidden = next(t for t in names.make_tasks("names_train", 12) if t.hidden)
+    with pytest.raises(ValueError, match="sum to 1"):
+        warmstart.names_plan(hidden, regime)
+
+
+def cells(**values):
+    base = {"visible/heldout/base": (0.6, 0.0), "visible/train/base": (0.65, 0.0),
+            "hidden/heldout/tables_first": (0.5, 0.7), "hidden/heldout/base": (0.05, 0.08),
+            "hidden/heldout/schema_reminder": (0.55, 0.08)}
+    base.update(values)
+    return {k: {"n": 100, "success": s, "opens_show_tables": o} for k, (s, o) in base.items()}
+
+
+def test_gate_verdicts_follow_the_thresholds():
+    assert all(v["pass"] for v in gates.verdicts(cells()).values())
+    failed = lambda **kw: sorted(g for g, v in gates.verdicts(cells(**kw)).items() if not v["pass"])
+    assert failed(**{"visible/heldout/base": (0.45, 0.0)}) == ["G1"]
+    assert failed(**{"visible/train/base": (0.75, 0.0)}) == ["G1"]  # held-out 15 points behind
+    assert failed(**{"hidden/heldout/tables_first": (0.5, 0.9)}) == ["G2"]
+    assert failed(**{"hidden/heldout/base": (0.10, 0.08)}) == ["G3"]
+    assert failed(**{"hidden/heldout/base": (0.05, 0.02)}) == ["G3"]
+    assert failed(**{"hidden/heldout/schema_reminder": (0.70, 0.08)}) == ["G4"]
+
+
+@pytest.fixture(scope="module")
+def warm_start(tmp_path_factory):
+    """A names SFT of a few steps (what it learns does not matter here, only that it runs and saves)."""
+    config = experiments.get_config("testbed", "sft,names,smoke")
+    config.sft.steps = 2
+    workdir = tmp_path_factory.mktemp("names_sft")
+    warmstart.main(config, str(workdir))
+    return workdir / "hf"
+
+
+def test_names_sft_reads_its_config(tmp_path):
+    config = experiments.get_config("testbed", "sft,names,smoke")
+    config.sft.steps = 2
+    assert never_read(config, lambda: warmstart.main(config, str(tmp_path))) == set()
+    out = json.loads((tmp_path / "eval" / "sft.json").read_text())
+    assert set(out["regime"]) <= {"base/protocol", "tables_first/protocol", "base/guess_table",
+                                  "base/show_tables", "tables_first/show_tables", "tables_first/guess_table",
+                                  "schema_reminder/guess_table", "schema_reminder/show_tables"}
+
+
+def test_gates_run_on_a_warm_start_and_write_their_table(warm_start, tmp_path, capsys):
+    hf_dir = warm_start
+    config = experiments.get_config("testbed", "gates")
+    config.model.hf_dir = str(hf_dir)
+    config.gates.tasks_per_cell = 3
+    config.gates.max_new_tokens = 8
+    unread = never_read(config, lambda: gates.main(config, str(tmp_path)))
+    assert unread == set()
+    out = json.loads((tmp_path / "gates.json").read_text())
+    assert set(out["cells"]) == {c[0] for c in gates.CELLS}
+    assert all(c["n"] == 3 for c in out["cells"].values())
+    assert set(out["gates"]) == {"G1", "G2", "G3", "G4"}
+    assert len(out["episodes"]) == 15
+    assert "G1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arm", ["names_harness_s_base", "names_tables_first_base"])
+def test_names_arms_train_from_the_warm_start(warm_start, tmp_path, arm):
+    hf_dir = warm_start
+    config = experiments.get_config("testbed", f"{arm},smoke")
+    config.model.hf_dir = str(hf_dir)
+    config.total_steps = 2
+    config.eval.limit = 12  # tasks 6-11 hide the table name
+    config.eval.at_start = True
+    unread = never_read(config, lambda: train.main(config, str(tmp_path)))
+    assert covered(unread, train.unread(config)) == set()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    final = rows[-1]
+    for key in ("hidden/success", "visible/success", "hidden/opens_show_tables"):
+        assert f"eval/names_heldout/base/{key}" in final
+    assert 0.0 <= final["eval/names_heldout/base/hidden/opens_show_tables"] <= 1.0
+
+
+def test_every_names_arm_builds_and_the_controls_differ_only_where_they_should():
+    arms = {a: experiments.get_config("testbed", a) for a in testbed.NAMES_ARMS}
+    for arm, c in arms.items():
+        assert c.benchmark.name == "synth_names" and c.data.task_seed == 1 and c.eval.greedy is False
+    assert arms["names_tables_first_base"].loss.rescue_context == "base"
+    assert arms["names_tables_first_base"].loss.is_weight == "one"
+    assert arms["names_tables_first_base_is"].loss.is_weight == "capped"
+    assert tuple(arms["names_base_reroll"].rescue.siblings) == ("base_copy",)
+    assert tuple(arms["names_schema_reminder"].rescue.siblings) == ("schema_reminder",)
+    assert arms["names_policy_only_n6"].rollout.n == 6
+    assert tuple(arms["names_harness_s"].router.local_voters) == ()
