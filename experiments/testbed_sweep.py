@@ -5,8 +5,8 @@
 
 Each run writes `ROOT/<arm>/seed<k>/` (its log beside it as `run.log`) and, when it exits cleanly, a
 `DONE` file; a second invocation skips finished runs and resumes unfinished ones from their last
-checkpoint (resume is exact, docs/training.md). `warmstart` scores the warm start once, so it runs
-for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`).
+checkpoint (resume is exact, docs/training.md). `warmstart` and `names_warmstart` score the warm
+start once, so they run for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`).
 `ROOT/sweep.jsonl` records each finished run's command, exit code and wall time.
 The report: `python -m hsjax.studies.testbed.report --root ROOT --out DIR` (docs/results.md).
 """
@@ -48,7 +48,7 @@ def claim(workdir: pathlib.Path):
 
 
 def plan_runs(arms: list[str], seeds: list[int]) -> list[tuple[str, int]]:
-    return [(arm, seed) for arm in arms for seed in (seeds[:1] if arm == "warmstart" else seeds)]
+    return [(arm, seed) for arm in arms for seed in (seeds[:1] if arm in ("warmstart", "names_warmstart") else seeds)]
 
 
 def main(argv=None) -> int:

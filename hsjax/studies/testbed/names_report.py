@@ -1,0 +1,162 @@
+"""The testbed v2 report: the arms table, the equal-rollout comparison, the mechanism curves and the
+verdict read off the pre-registered rules (docs/results.md, "Testbed v2").
+
+    python -m hsjax.studies.testbed.names_report --root W --gates W_gates/gates.json --out DIR
+
+`W` holds `W/<arm>/seed<k>/` training workdirs of the `names_*` arms. Prints markdown tables, writes
+`DIR/names_report.json` and `DIR/names_mechanism.png` (SHOW TABLES opening rate under base on hidden
+held-out names against cumulative executor rollouts, one line per arm and seed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from typing import Sequence
+
+from hsjax.harness_s import analysis
+from hsjax.studies.testbed.runs import Run, by_arm, load_sweep
+
+SPLIT = "names_heldout"
+PRIMARY = f"eval/{SPLIT}/base/hidden/success"
+MECHANISM = f"eval/{SPLIT}/base/hidden/opens_show_tables"
+GUARDRAIL = f"eval/{SPLIT}/base/visible/success"
+POSITIVE, NEGATIVE, REROLL = "names_tables_first_base", "names_schema_reminder", "names_base_reroll"
+POLICY_ONLY = ("names_policy_only", "names_policy_only_n6")
+HARNESS_S = ("names_harness_s", "names_harness_s_base")
+MIN_VALID_GAP, MIN_MECHANISM_GAP, NEGATIVE_SLACK, GUARDRAIL_DROP = 0.20, 0.10, 0.03, 0.05
+
+
+def eval_rows(run: Run) -> list[dict]:
+    return [row for row in run.metrics if PRIMARY in row]
+
+
+def at_rollouts(run: Run, budget: float) -> dict | None:
+    """The last evaluation row whose cumulative executor rollouts are within `budget`."""
+    rows = [r for r in eval_rows(run) if r.get("rollouts/total", 0) <= budget]
+    return rows[-1] if rows else None
+
+
+def arm_table(runs: Sequence[Run]) -> dict[str, dict]:
+    """{arm: {"primary": [per seed], "mechanism": [...], "guardrail": [...], "rollouts": [...],
+    "seeds": [...]}} at each run's last evaluation."""
+    out = {}
+    for arm, arm_runs in by_arm(runs).items():
+        finals = [(r.seed, eval_rows(r)[-1]) for r in arm_runs if eval_rows(r)]
+        if finals:
+            out[arm] = {"seeds": [s for s, _ in finals],
+                        "primary": [row[PRIMARY] for _, row in finals],
+                        "mechanism": [row.get(MECHANISM, float("nan")) for _, row in finals],
+                        "guardrail": [row.get(GUARDRAIL, float("nan")) for _, row in finals],
+                        "rollouts": [row.get("rollouts/total", 0) for _, row in finals]}
+    return out
+
+
+def equal_rollouts(runs: Sequence[Run]) -> tuple[float, dict[str, list[float]]]:
+    """Primary measure of every arm at the smallest final rollout count among the trained arms."""
+    trained = [r for r in runs if eval_rows(r) and eval_rows(r)[-1].get("rollouts/total", 0) > 0]
+    if not trained:
+        return 0.0, {}
+    budget = min(eval_rows(r)[-1]["rollouts/total"] for r in trained)
+    out: dict[str, list[float]] = {}
+    for r in trained:
+        row = at_rollouts(r, budget)
+        if row is not None:
+            out.setdefault(r.arm, []).append(row[PRIMARY])
+    return budget, out
+
+
+def mean(xs: Sequence[float]) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def verdict(table: dict[str, dict], gates_pass: bool | None, warm_guardrail: float | None = None) -> dict:
+    """The pre-registered rules of docs/results.md applied to the arms table."""
+    m = {arm: mean(v["primary"]) for arm, v in table.items()}
+    missing = [a for a in (POSITIVE, NEGATIVE, REROLL, *POLICY_ONLY, *HARNESS_S) if a not in table]
+    out: dict = {"missing_arms": missing, "gates_pass": gates_pass}
+    if POSITIVE not in m or POLICY_ONLY[0] not in m:
+        out["testbed"] = "incomplete"
+        return out
+    gap = m[POSITIVE] - m[POLICY_ONLY[0]]
+    valid = bool(gates_pass) and gap >= MIN_VALID_GAP
+    out["positive_control_gap"] = gap
+    out["testbed"] = "valid" if valid else "invalid"
+    comparator = max((a for a in POLICY_ONLY if a in m), key=lambda a: m[a])
+    negative_ok = NEGATIVE in m and m[NEGATIVE] <= m[POLICY_ONLY[0]] + NEGATIVE_SLACK
+    out["negative_control_ok"] = negative_ok
+    for arm in HARNESS_S:
+        if arm not in m:
+            continue
+        ordered = min(table[arm]["primary"]) > max(table[comparator]["primary"])
+        beats = m[arm] - m[comparator] >= MIN_MECHANISM_GAP and ordered
+        beats_reroll = REROLL in m and m[arm] > m[REROLL]
+        out[arm] = {"gap_vs_policy_only": m[arm] - m[comparator], "comparator": comparator,
+                    "seeds_ordered": ordered, "beats_base_reroll": beats_reroll,
+                    "works": valid and beats and beats_reroll and negative_ok}
+    if warm_guardrail is not None:
+        out["guardrail_failed"] = sorted(a for a, v in table.items()
+                                         if mean(v["guardrail"]) < warm_guardrail - GUARDRAIL_DROP)
+    return out
+
+
+def _cell(xs: Sequence[float]) -> str:
+    if not xs:
+        return "-"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{100 * mean(xs):.1f} ± {100 * sd:.1f}"
+
+
+def format_table(table: dict[str, dict], equal: dict[str, list[float]], budget: float) -> str:
+    lines = [f"| arm | seeds | hidden held-out success % | at {budget:.0f} rollouts | SHOW TABLES first % "
+             "| visible held-out success % | rollouts |", "|---|---|---|---|---|---|---|"]
+    for arm, v in table.items():
+        lines.append(f"| {arm} | {len(v['seeds'])} | {_cell(v['primary'])} | {_cell(equal.get(arm, []))} | "
+                     f"{_cell(v['mechanism'])} | {_cell(v['guardrail'])} | {mean(v['rollouts']):.0f} |")
+    return "\n".join(lines)
+
+
+def plot_mechanism(runs: Sequence[Run], path: str) -> None:
+    plt = analysis._plt()  # the project's one Agg set-up
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in runs:
+        rows = eval_rows(r)
+        if rows:
+            ax.plot([x.get("rollouts/total", 0) for x in rows], [100 * x.get(MECHANISM, 0) for x in rows],
+                    marker="o", label=f"{r.arm} s{r.seed}")
+    ax.set_xlabel("cumulative executor rollouts")
+    ax.set_ylabel("opens with SHOW TABLES under base, %")
+    ax.set_title("hidden-name held-out tasks, T = 1")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--gates", default="", help="the warm start's gates.json")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    runs = [r for r in load_sweep(args.root) if r.arm.startswith("names_")]
+    gates = json.loads(open(args.gates).read()) if args.gates else None
+    gates_pass = all(g["pass"] for g in gates["gates"].values()) if gates else None
+    table = arm_table(runs)
+    warm = table.pop("names_warmstart", None)
+    budget, equal = equal_rollouts(runs)
+    result = verdict(table, gates_pass, mean(warm["guardrail"]) if warm else None)
+    os.makedirs(args.out, exist_ok=True)
+    plot_mechanism(runs, os.path.join(args.out, "names_mechanism.png"))
+    print(format_table(({"names_warmstart": warm} if warm else {}) | table, equal, budget))
+    print(json.dumps(result, indent=1))
+    out = {"table": table, "warmstart": warm, "equal_rollouts": {"budget": budget, "primary": equal},
+           "verdict": result}
+    with open(os.path.join(args.out, "names_report.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()

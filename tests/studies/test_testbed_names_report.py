@@ -1,0 +1,67 @@
+"""The testbed v2 report reads arm workdirs and applies the pre-registered rules as docs/results.md
+words them (here on workdirs written by hand, so each rule's boundary is known)."""
+import json
+
+import pytest
+
+from hsjax.studies.testbed import names_report as nr
+
+
+def write_run(root, arm, seed, finals, rollouts=(320, 640)):
+    """A workdir whose evaluations give `finals` (primary measure at each eval) at `rollouts`."""
+    workdir = root / arm / f"seed{seed}"
+    workdir.mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps({"seed": seed, "rollout": {"n": 4}}))
+    rows = []
+    for step, (value, total) in enumerate(zip(finals, rollouts), start=1):
+        rows.append({"step": step, "rollouts/total": total, nr.PRIMARY: value, nr.MECHANISM: value / 2,
+                     nr.GUARDRAIL: 0.6})
+    (workdir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def sweep(root, **means):
+    """Three seeds per arm at mean +- 0.01."""
+    for arm, m in means.items():
+        for seed, delta in enumerate((-0.01, 0.0, 0.01)):
+            write_run(root, arm, seed, [m / 2, m + delta])
+
+
+ARMS = dict(names_policy_only=0.10, names_policy_only_n6=0.12, names_tables_first_base=0.45,
+            names_schema_reminder=0.11, names_base_reroll=0.15, names_harness_s=0.30, names_harness_s_base=0.16)
+
+
+def test_a_valid_testbed_where_one_harness_s_arm_works(tmp_path):
+    sweep(tmp_path, **ARMS)
+    out = nr.main(["--root", str(tmp_path), "--out", str(tmp_path / "out")])
+    v = out["verdict"]
+    assert v["positive_control_gap"] == pytest.approx(0.35)
+    assert v["testbed"] == "invalid"  # no gates given: the rules need them to pass
+    gates = tmp_path / "gates.json"
+    gates.write_text(json.dumps({"gates": {g: {"pass": True} for g in ("G1", "G2", "G3", "G4")}}))
+    v = nr.main(["--root", str(tmp_path), "--gates", str(gates), "--out", str(tmp_path / "out")])["verdict"]
+    assert v["testbed"] == "valid" and v["negative_control_ok"]
+    assert v["names_harness_s"]["comparator"] == "names_policy_only_n6"
+    assert v["names_harness_s"]["works"] is True
+    assert v["names_harness_s_base"]["works"] is False  # 4 points over policy_only_n6: below 10
+    assert (tmp_path / "out" / "names_mechanism.png").stat().st_size > 0
+
+
+def test_rules_fail_where_they_should(tmp_path):
+    table = {arm: {"primary": [m - 0.01, m, m + 0.01], "guardrail": [0.6] * 3} for arm, m in ARMS.items()}
+    assert nr.verdict(table, True)["testbed"] == "valid"
+    weak_positive = {**table, "names_tables_first_base": {"primary": [0.28, 0.29, 0.30], "guardrail": [0.6] * 3}}
+    assert nr.verdict(weak_positive, True)["testbed"] == "invalid"  # 19 points < 20
+    assert nr.verdict(table, False)["testbed"] == "invalid"
+    leaky = {**table, "names_schema_reminder": {"primary": [0.13, 0.14, 0.15], "guardrail": [0.6] * 3}}
+    assert nr.verdict(leaky, True)["names_harness_s"]["works"] is False  # negative control transferred
+    overlapping = {**table, "names_harness_s": {"primary": [0.10, 0.35, 0.45], "guardrail": [0.6] * 3}}
+    assert nr.verdict(overlapping, True)["names_harness_s"]["seeds_ordered"] is False
+    assert nr.verdict(table, True, warm_guardrail=0.70)["guardrail_failed"] == sorted(table)
+
+
+def test_equal_rollouts_compares_at_the_smallest_final_budget(tmp_path):
+    write_run(tmp_path, "names_policy_only", 0, [0.1, 0.2], rollouts=(320, 640))
+    write_run(tmp_path, "names_harness_s", 0, [0.3, 0.5], rollouts=(500, 1000))
+    budget, equal = nr.equal_rollouts(nr.load_sweep(tmp_path))
+    assert budget == 640
+    assert equal == {"names_policy_only": [0.2], "names_harness_s": [0.3]}
