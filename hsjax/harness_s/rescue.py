@@ -44,6 +44,10 @@ class Rescuer(abc.ABC):
     def load_state_dict(self, state: dict) -> None:
         del state
 
+    def save_artifacts(self, workdir: str) -> None:
+        """Writes what other tools read of the rescuer into `workdir` at each checkpoint (none here)."""
+        del workdir
+
 
 class NoRescue(Rescuer):
     """Plain GRPO: an all-fail group gives no signal."""

@@ -317,6 +317,7 @@ def main(config, workdir: str) -> dict:
                 console.say(console.step_line(done, config.total_steps, metrics, {**STEP_LINE, **_eval_keys(metrics)}))
             if done % config.checkpoint.every == 0 or done == config.total_steps:
                 checkpointer.save(done, state, {"data": data.state_dict(), "rescuer": rescuer.state_dict()})
+                rescuer.save_artifacts(workdir)
     return last
 
 

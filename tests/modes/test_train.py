@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from hsjax.harness_s.router.profiles import Profiles
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra.metrics import read_metrics
 
@@ -100,6 +101,12 @@ def test_harness_s_resumes_exactly_after_sigkill(tmp_path):
     assert all(r["router/decisions"] > 0 for r in rows)
     assert rows[-1]["router/total/reanchors"] >= 1
     assert rows[-1]["router/total/voter/ok"] > 0  # the rule voter answered
+    # The router's profiles as of the last checkpoint, for Rank-1 (`rank1.profiles`).
+    profiles = Profiles.load(straight)
+    chosen = {h for d in decisions(straight) for h in d["harnesses"]}
+    assert chosen and chosen <= set(profiles.profiles)
+    observed = sum(sum(p.overall) for p in profiles.profiles.values())
+    assert 0 < observed <= rows[-1]["rollouts/rescue_total"]  # re-anchoring decays older counts
 
     # Killed mid-run after the step-2 checkpoint, then resumed: the same parameters, metrics and
     # router decisions (the router's profiles and voter records come back from the checkpoint).

@@ -48,6 +48,11 @@ class HarnessSRescuer(Rescuer):
     def state_dict(self) -> dict:
         return {"router": self.router.state_dict()}
 
+    def save_artifacts(self, workdir: str) -> None:
+        """`<workdir>/profiles.json`: the router's current (re-anchored) profiles, which Rank-1 reads
+        (`rank1.profiles`) to pick one harness per task with what training learned."""
+        self.router.profiles.save(workdir)
+
     def load_state_dict(self, state: dict) -> None:
         if "router" not in state:
             raise ValueError(f"HarnessSRescuer state lacks 'router' (keys: {sorted(state)}); was it "
