@@ -126,7 +126,9 @@ def _names(c: ml_collections.ConfigDict) -> None:
     tables_first (`hsjax.studies.testbed.warmstart.names_plan`); the gates check what came out."""
     c.benchmark = common.benchmark("synth_names")
     c.pool = NAMES_POOL
-    c.data.train_split = "names_train"
+    # Coined names: with the word-list splits (names_train / names_heldout) the first warm start
+    # memorised words instead of copying them (docs/results.md); they stay for that record.
+    c.data.train_split = "coined_train"
     c.data.num_train_tasks = 3000
     c.data.task_seed = 0  # GRPO draws from task seed 1, evaluation from seeds 2 (train) and 0 (held-out)
     c.regime = ml_collections.ConfigDict({
@@ -141,7 +143,7 @@ def _names(c: ml_collections.ConfigDict) -> None:
     c.sft.batch_size = 32
     c.sft.max_len = 640  # a few hidden-name episodes with a long table exceed 512
     c.optim.warmup_steps = 50
-    c.eval.split = "names_heldout"
+    c.eval.split = "coined_heldout"
     c.eval.num_tasks = 600
     c.eval.per_type = 10
     c.eval.harnesses = NAMES_HARNESSES
@@ -159,9 +161,9 @@ def gates_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict({"hf_dir": "assets/testbed_names_warmstart", "checkpoint": ""})
     c.gates = ml_collections.ConfigDict()
     c.gates.tasks_per_cell = 100
-    c.gates.heldout_split = "names_heldout"
+    c.gates.heldout_split = "coined_heldout"
     c.gates.heldout_seed = 0
-    c.gates.train_split = "names_train"
+    c.gates.train_split = "coined_train"
     c.gates.train_seed = 2  # SFT used seed 0, GRPO seed 1
     c.gates.temperature = 1.0
     c.gates.max_new_tokens = 64
@@ -299,7 +301,7 @@ def _warmstart(_):
 # ------------------------------------------------------------------------------------------------
 # Testbed v2 arms (docs/testbed.md, "Testbed v2"; pre-registered rules in docs/results.md): GRPO
 # from the names warm start on tasks of a seed SFT never used; the primary measure is held-out
-# hidden-name success under the base harness at T = 1 (`eval/names_heldout/base/hidden/success`).
+# hidden-name success under the base harness at T = 1 (`eval/coined_heldout/base/hidden/success`).
 
 NAMES_WARMSTART = "assets/testbed_names_warmstart"
 
@@ -309,10 +311,10 @@ def _names_train_base(arm: str) -> ml_collections.ConfigDict:
     c.benchmark.name = "synth_names"
     c.pool = NAMES_POOL
     c.model.hf_dir = NAMES_WARMSTART
-    c.data.train_split = "names_train"
+    c.data.train_split = "coined_train"
     c.data.task_seed = 1  # SFT imitated seed 0
-    c.eval.split = "names_heldout"
-    c.eval.extra_splits = ("names_train",)
+    c.eval.split = "coined_heldout"
+    c.eval.extra_splits = ("coined_train",)
     c.eval.task_seed = 2
     c.eval.limit = 600  # 300 hidden-name tasks per split
     c.eval.greedy = False  # at the trainer's temperature: a shift from 5% to 30% shows before it is the argmax
@@ -373,8 +375,6 @@ def _names_warmstart(_):
 
 
 TRAIN_ARMS = {
-    "names_warmstart": _names_warmstart,
-    **NAMES_ARMS,
     "warmstart": _warmstart,
     "policy_only": lambda _: _train_base("policy_only"),
     "dapo": lambda _: _train_base("dapo"),
@@ -385,6 +385,8 @@ TRAIN_ARMS = {
     "harness_s_profiles_only": _harness_s_arm(voters=()),
     "harness_s_no_reanchor": _harness_s_arm(reanchor_every=0),
     "random_routing": _random_arm,
+    "names_warmstart": _names_warmstart,
+    **NAMES_ARMS,
 }
 
 

@@ -13,8 +13,14 @@ sibling (`tables_first`, a hint line) induces and the base harness should come t
 Every episode database is called `main`, so no error message leaks the table name.
 
 Splits:
-    names_train    training word lists and wording
-    names_heldout  disjoint word lists, reworded templates
+    names_train     training word lists and wording
+    names_heldout   disjoint word lists, reworded templates
+    coined_train    every name coined per task from syllables (2-3 of 70), training wording
+    coined_heldout  coined names of the held-out kind, reworded templates
+A coined word is of the held-out kind iff its CRC-32 is divisible by 5, so the two kinds never share
+a word while they share every token. The word-list splits let a 1.05M-parameter policy memorise each
+word instead of copying it (docs/results.md, "Testbed v2: the first warm start fails the gates"):
+with coined names no name repeats often enough to be memorised.
 Task i depends only on (split, seed, i); its type is NAMES_TYPES[i % 6] and it hides the name when
 (i // 6) is odd, so every type is hidden in half of its tasks.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+import zlib
 
 from harness_envs.dbbench.data import Table
 from harness_envs.dbbench.sqlite_backend import SQLiteBackend
@@ -74,13 +81,20 @@ WORDS = {
 
 @dataclasses.dataclass(frozen=True)
 class NamesSplit:
-    words: str
+    words: str  # train | heldout
     phrasing: str
+    coined: bool = False
 
 
 NAMES_SPLITS = {"names_train": NamesSplit("train", "names_train"),
-                "names_heldout": NamesSplit("heldout", "names_heldout")}
-DEFAULT_SIZES = {"names_train": 3000, "names_heldout": 600}
+                "names_heldout": NamesSplit("heldout", "names_heldout"),
+                "coined_train": NamesSplit("train", "names_train", coined=True),
+                "coined_heldout": NamesSplit("heldout", "names_heldout", coined=True)}
+DEFAULT_SIZES = {"names_train": 3000, "names_heldout": 600, "coined_train": 3000, "coined_heldout": 600}
+SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
+HELDOUT_MODULUS = 5
+# Coinable words that are SQL words or the expert's guessed table.
+RESERVED = frozenset({"data", "date", "like", "time", "zone", "sale", "role", "file", "mode", "note"})
 KEY_VALUES = 8  # rows per table: 5..8
 CATEGORY_VALUES = 3
 INT_RANGES = ((10, 99), (100, 999))
@@ -115,6 +129,26 @@ def random_domain(words: WordLists, rng: random.Random) -> Domain:
         Column(int1, "int", low=lo1, high=hi1), Column(int2, "int", low=lo2, high=hi2)))
 
 
+def is_heldout_word(word: str) -> bool:
+    return zlib.crc32(word.encode()) % HELDOUT_MODULUS == 0
+
+
+def coin(rng: random.Random, kind: str, taken: set[str]) -> str:
+    """A word of 2-3 syllables of the `kind` (train | heldout) not in `taken` (which it joins)."""
+    while True:
+        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+        if word not in taken and word not in RESERVED and is_heldout_word(word) == (kind == "heldout"):
+            taken.add(word)
+            return word
+
+
+def coined_words(kind: str, rng: random.Random) -> WordLists:
+    """One task's word lists, every word coined: a table name, 5 columns, 14 values."""
+    taken: set[str] = set()
+    words = [coin(rng, kind, taken) for _ in range(1 + 5 + KEY_VALUES + 2 * CATEGORY_VALUES)]
+    return WordLists(tables=tuple(words[:1]), columns=tuple(words[1:6]), values=tuple(words[6:]))
+
+
 def is_hidden(index: int) -> bool:
     return (index // len(NAMES_TYPES)) % 2 == 1
 
@@ -146,7 +180,8 @@ def make_task(split: str, seed: int, index: int, backend: SQLiteBackend | None =
     task_type = NAMES_TYPES[index % len(NAMES_TYPES)]
     rng = random.Random(f"{split}/{seed}/{index}")
     for _ in range(_MAX_ATTEMPTS):
-        domain = random_domain(WORDS[spec.words], rng)
+        words = coined_words(spec.words, rng) if spec.coined else WORDS[spec.words]
+        domain = random_domain(words, rng)
         table, columns = make_table(domain, rng)
         question = make_question(task_type, table, columns, rng, spec.phrasing)
         if question is not None:

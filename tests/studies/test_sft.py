@@ -135,8 +135,11 @@ def test_schema_recovery_regime_demonstrates_giving_up_under_base(tokenizer):
     assert 0.3 < share < 0.7 and set(harnesses) == {"base", "schema_reminder"}
     bench = Synth()
     pool = bench.load_pool()
-    segments, records = sft.expert_streams(tasks, plan, pool, tokenizer, c, bench)
+    jobs = sft.sft_jobs(tasks, c)
+    assert [h for _, h, _ in jobs] == harnesses
+    segments, records = sft.expert_streams(jobs, pool, tokenizer, c, bench)
     assert [r["harness"] for r in records] == harnesses and len(segments) == len(tasks)
+    assert {r["style"] for r in records} == {"schema_recovery"}
     with c.unlocked():
         c.regime.b_base_share = 0.0
     assert {sft.episode_harness(t, plan, c) for t in tasks} == {"schema_reminder"}

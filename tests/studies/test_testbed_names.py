@@ -19,7 +19,7 @@ testbed = experiments.load("testbed")
 
 def test_the_sft_mix_plants_the_configured_shares():
     config = experiments.get_config("testbed", "sft,names")
-    tasks = names.make_tasks("names_train", 3000, seed=0)
+    tasks = names.make_tasks(config.data.train_split, 3000, seed=0)
     jobs = warmstart.sft_jobs(tasks, config)
     r = config.regime
     visible = [h for t, h, s in jobs if not t.hidden]
@@ -116,8 +116,8 @@ def test_names_arms_train_from_the_warm_start(warm_start, tmp_path, arm):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     final = rows[-1]
     for key in ("hidden/success", "visible/success", "hidden/opens_show_tables"):
-        assert f"eval/names_heldout/base/{key}" in final
-    assert 0.0 <= final["eval/names_heldout/base/hidden/opens_show_tables"] <= 1.0
+        assert f"eval/coined_heldout/base/{key}" in final
+    assert 0.0 <= final["eval/coined_heldout/base/hidden/opens_show_tables"] <= 1.0
 
 
 def test_every_names_arm_builds_and_the_controls_differ_only_where_they_should():

@@ -11,11 +11,13 @@ def write_run(root, arm, seed, finals, rollouts=(320, 640)):
     """A workdir whose evaluations give `finals` (primary measure at each eval) at `rollouts`."""
     workdir = root / arm / f"seed{seed}"
     workdir.mkdir(parents=True)
-    (workdir / "config.json").write_text(json.dumps({"seed": seed, "rollout": {"n": 4}}))
+    (workdir / "config.json").write_text(json.dumps({"seed": seed, "rollout": {"n": 4},
+                                                     "eval": {"split": "coined_heldout"}}))
+    primary, mechanism, guardrail = nr.keys("coined_heldout")
     rows = []
     for step, (value, total) in enumerate(zip(finals, rollouts), start=1):
-        rows.append({"step": step, "rollouts/total": total, nr.PRIMARY: value, nr.MECHANISM: value / 2,
-                     nr.GUARDRAIL: 0.6})
+        rows.append({"step": step, "rollouts/total": total, primary: value, mechanism: value / 2,
+                     guardrail: 0.6})
     (workdir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 

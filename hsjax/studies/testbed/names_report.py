@@ -18,10 +18,19 @@ from typing import Sequence
 from hsjax.harness_s import analysis
 from hsjax.studies.testbed.runs import Run, by_arm, load_sweep
 
-SPLIT = "names_heldout"
-PRIMARY = f"eval/{SPLIT}/base/hidden/success"
-MECHANISM = f"eval/{SPLIT}/base/hidden/opens_show_tables"
-GUARDRAIL = f"eval/{SPLIT}/base/visible/success"
+DEFAULT_SPLIT = "coined_heldout"
+
+
+def keys(split: str) -> tuple[str, str, str]:
+    """(primary, mechanism, guardrail) metric names of an evaluation split."""
+    prefix = f"eval/{split}/base"
+    return f"{prefix}/hidden/success", f"{prefix}/hidden/opens_show_tables", f"{prefix}/visible/success"
+
+
+def run_keys(run: Run) -> tuple[str, str, str]:
+    return keys(run.config.get("eval", {}).get("split", DEFAULT_SPLIT))
+
+
 POSITIVE, NEGATIVE, REROLL = "names_tables_first_base", "names_schema_reminder", "names_base_reroll"
 POLICY_ONLY = ("names_policy_only", "names_policy_only_n6")
 HARNESS_S = ("names_harness_s", "names_harness_s_base")
@@ -29,7 +38,8 @@ MIN_VALID_GAP, MIN_MECHANISM_GAP, NEGATIVE_SLACK, GUARDRAIL_DROP = 0.20, 0.10, 0
 
 
 def eval_rows(run: Run) -> list[dict]:
-    return [row for row in run.metrics if PRIMARY in row]
+    primary = run_keys(run)[0]
+    return [row for row in run.metrics if primary in row]
 
 
 def at_rollouts(run: Run, budget: float) -> dict | None:
@@ -43,13 +53,13 @@ def arm_table(runs: Sequence[Run]) -> dict[str, dict]:
     "seeds": [...]}} at each run's last evaluation."""
     out = {}
     for arm, arm_runs in by_arm(runs).items():
-        finals = [(r.seed, eval_rows(r)[-1]) for r in arm_runs if eval_rows(r)]
+        finals = [(r.seed, run_keys(r), eval_rows(r)[-1]) for r in arm_runs if eval_rows(r)]
         if finals:
-            out[arm] = {"seeds": [s for s, _ in finals],
-                        "primary": [row[PRIMARY] for _, row in finals],
-                        "mechanism": [row.get(MECHANISM, float("nan")) for _, row in finals],
-                        "guardrail": [row.get(GUARDRAIL, float("nan")) for _, row in finals],
-                        "rollouts": [row.get("rollouts/total", 0) for _, row in finals]}
+            out[arm] = {"seeds": [s for s, _, _ in finals],
+                        "primary": [row[k[0]] for _, k, row in finals],
+                        "mechanism": [row.get(k[1], float("nan")) for _, k, row in finals],
+                        "guardrail": [row.get(k[2], float("nan")) for _, k, row in finals],
+                        "rollouts": [row.get("rollouts/total", 0) for _, _, row in finals]}
     return out
 
 
@@ -63,7 +73,7 @@ def equal_rollouts(runs: Sequence[Run]) -> tuple[float, dict[str, list[float]]]:
     for r in trained:
         row = at_rollouts(r, budget)
         if row is not None:
-            out.setdefault(r.arm, []).append(row[PRIMARY])
+            out.setdefault(r.arm, []).append(row[run_keys(r)[0]])
     return budget, out
 
 
@@ -123,7 +133,7 @@ def plot_mechanism(runs: Sequence[Run], path: str) -> None:
     for r in runs:
         rows = eval_rows(r)
         if rows:
-            ax.plot([x.get("rollouts/total", 0) for x in rows], [100 * x.get(MECHANISM, 0) for x in rows],
+            ax.plot([x.get("rollouts/total", 0) for x in rows], [100 * x.get(run_keys(r)[1], 0) for x in rows],
                     marker="o", label=f"{r.arm} s{r.seed}")
     ax.set_xlabel("cumulative executor rollouts")
     ax.set_ylabel("opens with SHOW TABLES under base, %")

@@ -22,7 +22,11 @@ WARMSTART = "warmstart"
 FAMILIES_A = ("other", "counting", "ranking", "aggregation-SUM", "aggregation-MAX", "INSERT")
 FAMILIES_B = ("comparison", "aggregation-MIN", "aggregation-AVG", "UPDATE")
 ARM_ORDER = ("warmstart", "policy_only", "dapo", "hint", "harness_s", "harness_s_k1", "harness_s_k3",
-             "harness_s_profiles_only", "harness_s_no_reanchor", "random_routing")
+             "harness_s_profiles_only", "harness_s_no_reanchor", "random_routing",
+             # testbed v2 (the names regime)
+             "names_warmstart", "names_policy_only", "names_policy_only_n6", "names_harness_s",
+             "names_harness_s_base", "names_tables_first", "names_tables_first_base", "names_schema_reminder",
+             "names_base_reroll", "names_dapo", "names_random", "names_tables_first_base_is")
 
 
 @dataclasses.dataclass

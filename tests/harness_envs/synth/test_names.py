@@ -49,6 +49,23 @@ def test_held_out_tasks_use_no_training_word(train, heldout):
         assert set(task.table.columns) <= set(names.WORDS["train"].columns)
 
 
+def test_coined_names_never_cross_between_the_kinds_and_rarely_repeat():
+    train = names.make_tasks("coined_train", 300, seed=0)
+    heldout = names.make_tasks("coined_heldout", 300, seed=0)
+    train_words = {w for t in train for w in (t.table.name, *t.table.columns)}
+    held_words = {w for t in heldout for w in (t.table.name, *t.table.columns)}
+    assert not train_words & held_words
+    assert all(not names.is_heldout_word(w) for w in train_words)
+    assert all(names.is_heldout_word(w) for w in held_words)
+    assert not (train_words | held_words) & names.RESERVED
+    # No name repeats often enough to be memorised: most table names occur once in 300 tasks.
+    tables = [t.table.name for t in train]
+    assert len(set(tables)) > 0.9 * len(tables)
+    for task in train[:30]:
+        table_words = [task.table.name, *task.table.columns]
+        assert len(set(table_words)) == len(table_words)
+
+
 def test_names_vary_per_task_and_tasks_are_deterministic(train):
     assert len({t.table.name for t in train}) > 20
     assert len({t.table.columns for t in train}) == len(train)
