@@ -33,7 +33,7 @@ import zlib
 
 from harness_envs.dbbench.data import Table
 from harness_envs.dbbench.sqlite_backend import SQLiteBackend
-from harness_envs.synth.questions import make_question
+from harness_envs.synth.questions import description, make_question
 from harness_envs.synth.tables import Column, Domain, make_table
 from harness_envs.synth.tasks import GenerationError, SynthTask, generated, label_task, split_of_size
 
@@ -167,10 +167,8 @@ def opens_with_show_tables(replies) -> bool:
 
 
 def describe(table: Table, hidden: bool) -> str:
-    headers = ",".join(table.columns)
-    if hidden:
-        return HIDDEN_DESCRIPTION.format(headers=headers)
-    return f"The name of this table is {table.name}, and the headers of this table are {headers}."
+    """DBBench's table description line, or the one that withholds the table name."""
+    return HIDDEN_DESCRIPTION.format(headers=",".join(table.columns)) if hidden else description(table)
 
 
 def make_task(split: str, seed: int, index: int, backend: SQLiteBackend | None = None) -> SynthTask:
