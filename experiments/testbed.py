@@ -80,6 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.batch_size = 16
     c.sft.max_len = 1024
     c.sft.env_workers = 4
+    c.sft.save_every = 100  # steps between resumable checkpoints (a warm start takes over an hour on CPU)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 3e-3

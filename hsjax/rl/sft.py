@@ -105,7 +105,18 @@ class BucketedBatches:
         self._orders = [self.rng.permutation(idx) for _, idx in self.buckets]
         self._cursors = [0] * len(self.buckets)
 
+    def skip(self, num_batches: int) -> None:
+        """Advances the stream as `num_batches` calls of `next` would, without gathering rows: a
+        resumed run draws exactly the batches the uninterrupted run would have drawn."""
+        for _ in range(num_batches):
+            self._next_rows()
+
     def next(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        u, rows = self._next_rows()
+        d = self.data
+        return d.tokens_NxU[rows, :u], d.mask_NxU[rows, :u], d.length_N[rows]
+
+    def _next_rows(self) -> tuple[int, np.ndarray]:
         sizes = np.array([len(idx) for _, idx in self.buckets], np.float64)
         b = int(self.rng.choice(len(self.buckets), p=sizes / sizes.sum()))
         u, idx = self.buckets[b]
@@ -115,8 +126,7 @@ class BucketedBatches:
         if len(rows) < self.batch_size:  # a bucket smaller than a batch: repeat rows
             rows = self.rng.choice(idx, self.batch_size)
         self._cursors[b] += self.batch_size
-        d = self.data
-        return d.tokens_NxU[rows, :u], d.mask_NxU[rows, :u], d.length_N[rows]
+        return u, rows
 
 
 def make_train_step(cfg, tx):

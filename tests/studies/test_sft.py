@@ -14,7 +14,9 @@ from harness_envs.dbbench.sqlite_backend import SQLiteBackend
 from harness_envs.synth.expert import ScriptedExpert
 from harness_envs.synth.tasks import by_type, make_tasks
 from harness_envs.synth.benchmark import Synth
+from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra.checkpoint import load_params
+from hsjax.infra.errors import UserError
 from hsjax.rl import sft as sft_math
 from hsjax.rollout import streams
 from hsjax.studies.testbed import warmstart as sft
@@ -175,3 +177,63 @@ def test_short_run_lowers_loss_and_saves_a_loadable_model(tmp_path, tokenizer):
     assert set(ev["summary"]) == {"synth_heldout/greedy", "synth_train/greedy"}
     assert set(ev["summary"]["synth_heldout/greedy"]["base"]["by_type"]) == set(testbed.FAMILIES_A + testbed.FAMILIES_B)
     assert out["sft"]["steps"] == 12
+
+
+class _Killed(Exception):
+    pass
+
+
+def _tiny_sft_config():
+    c = testbed.get_config("sft,smoke")
+    c.model.overrides.num_layers = 1
+    c.sft.steps = 6
+    c.sft.batch_size = 4
+    c.sft.num_tasks = 12
+    c.sft.save_every = 2
+    c.eval.per_type = 0  # no eval: this test is about the loop
+    return c
+
+
+def test_a_run_killed_mid_loop_resumes_exactly(tmp_path, monkeypatch):
+    """Killed after step 3 (last checkpoint: step 2), the same command finishes with the params and
+    metrics of an uninterrupted run: optimizer state and batch stream are restored, not restarted."""
+    whole = str(tmp_path / "whole")
+    sft.main(_tiny_sft_config(), whole)
+
+    resumed = str(tmp_path / "resumed")
+    real_step = sft.make_train_step
+
+    def dying_train_step(cfg, tx):
+        step_fn, calls = real_step(cfg, tx), []
+
+        def step(*args):
+            if len(calls) == 3:
+                raise _Killed
+            calls.append(1)
+            return step_fn(*args)
+        return step
+
+    monkeypatch.setattr(sft, "make_train_step", dying_train_step)
+    with pytest.raises(_Killed):
+        sft.main(_tiny_sft_config(), resumed)
+    monkeypatch.setattr(sft, "make_train_step", real_step)
+    assert ckpt_lib.Checkpointer(resumed, read_only=True).all_steps() == [2]
+    sft.main(_tiny_sft_config(), resumed)
+
+    rows = lambda w: [json.loads(line) for line in open(os.path.join(w, "metrics.jsonl"))]
+    assert [r["step"] for r in rows(resumed)] == [r["step"] for r in rows(whole)]
+    assert [r["loss/sft"] for r in rows(resumed)] == [r["loss/sft"] for r in rows(whole)]
+    a, b = load_params(whole), load_params(resumed)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_resuming_with_other_sft_data_is_refused(tmp_path):
+    workdir = str(tmp_path)
+    c = _tiny_sft_config()
+    c.sft.steps = 2
+    sft.main(c, workdir)
+    c = _tiny_sft_config()
+    c.sft.num_tasks = 16
+    with pytest.raises(UserError, match="fresh --workdir"):
+        sft.main(c, workdir)

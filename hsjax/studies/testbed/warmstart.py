@@ -10,9 +10,11 @@ One linear `main`, in banner sections:
   model     the preset (with the config's overrides) from random weights, the tiny tokenizer;
   update    masked next-token cross-entropy around the shared instruction prefix, AdamW, one jitted
             step (`hsjax.rl.sft`);
-  loop      `metrics.jsonl` rows with `step`, `loss/sft`, `lr`, `tokens/per_s`;
+  loop      `metrics.jsonl` rows with `step`, `loss/sft`, `lr`, `tokens/per_s`; an orbax checkpoint
+            of params and optimizer state in `W/checkpoints` every `sft.save_every` steps and at the
+            end: the same command run again resumes exactly (the batch stream is replayed);
   save      `W/hf` (`save_pretrained`: `JaxPolicy.from_pretrained(W/hf)` and `model.hf_dir=W/hf`
-            load it) and an orbax checkpoint of the params in `W/checkpoints`;
+            load it);
   eval      the warm policy under the base harness and each sibling, per task family, on held-out
             and training tasks, greedy (and optionally sampled): `W/eval/sft.json`.
 """
@@ -33,6 +35,7 @@ from harness_envs.synth import tasks as synth_tasks
 from hsjax import builders
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import console
+from hsjax.infra.errors import UserError
 from hsjax.infra import metrics as metrics_lib
 from hsjax.models import get_preset, init_params, save_pretrained
 from hsjax.models.tokenizer import IM_END, build_tiny_tokenizer
@@ -214,12 +217,28 @@ def main(config, workdir: str) -> dict:
     prefix = jnp.asarray(data.prefix_P)
 
     # ----------------------------------------------------------------------------------------------
-    # Loop.
+    # Resume: params, optimizer state and the batch stream of the latest checkpoint; the data are
+    # rebuilt deterministically from the config, so the stream position is the step count.
+    checkpointer = ckpt_lib.Checkpointer(workdir, keep=1)
     writer = metrics_lib.MetricWriter(workdir, tensorboard=config.log.tensorboard)
     batches = BucketedBatches(data, config.sft.batch_size, config.seed)
+    start_step = 0
+    restored = checkpointer.restore_latest({"params": params, "opt_state": opt_state})
+    if restored is not None:
+        if restored.host_state.get("sft_streams") != len(segments):
+            raise UserError(f"{checkpointer.directory} holds an SFT run over "
+                            f"{restored.host_state.get('sft_streams')} streams, this config makes "
+                            f"{len(segments)}: use a fresh --workdir for a different SFT config.")
+        start_step, params, opt_state = restored.step, restored.state["params"], restored.state["opt_state"]
+        batches.skip(start_step)
+        console.say(f"resumed from step {start_step}")
+    writer.truncate_after(start_step)
+
+    # ----------------------------------------------------------------------------------------------
+    # Loop.
     t_loop = t_last = time.perf_counter()
     last, tokens_since = {}, 0
-    for step in range(config.sft.steps):
+    for step in range(start_step, config.sft.steps):
         tokens, mask, length = batches.next()
         params, opt_state, m = step_fn(params, opt_state, prefix, jnp.asarray(tokens), jnp.asarray(mask),
                                        jnp.asarray(length))
@@ -234,14 +253,15 @@ def main(config, workdir: str) -> dict:
             last = writer.write(done, m)
             console.say(console.step_line(done, config.sft.steps, m, {"loss": "loss/sft", "lr": "lr",
                                                                        "tok/s": "tokens/per_s"}))
+        if done % config.sft.save_every == 0 or done == config.sft.steps:
+            checkpointer.save(done, {"params": params, "opt_state": opt_state}, {"sft_streams": len(segments)})
     t_train = time.perf_counter() - t_loop
 
     # ----------------------------------------------------------------------------------------------
     # Save: HF directory and checkpoint.
     hf_dir = os.path.join(workdir, "hf")
     save_pretrained(params, cfg, tokenizer, hf_dir)
-    with ckpt_lib.Checkpointer(workdir, keep=1) as checkpointer:
-        checkpointer.save(config.sft.steps, {"params": params}, {"sft_streams": len(segments)})
+    checkpointer.close()
 
     # ----------------------------------------------------------------------------------------------
     # Eval: per family, base harness and each sibling.
