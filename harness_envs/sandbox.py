@@ -115,8 +115,15 @@ def _unshare_prefix() -> list[str]:
     return ["unshare", "--net"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
 
 
-def wrap(argv: Sequence[str], workdir: str, mode: str, hide: Sequence[str] = ()) -> list[str]:
-    """`argv` inside the isolation `mode` (a resolved one: bwrap, unshare or none)."""
+def wrap(argv: Sequence[str], workdir: str, mode: str, hide: Sequence[str] = (), *,
+         binds: Sequence[tuple[str, str]] = (), show: Sequence[str] = ()) -> list[str]:
+    """`argv` inside the isolation `mode` (a resolved one: bwrap, unshare or none).
+
+    Under bwrap the mounts stack in this order, each able to cover the ones before: `/` read-only,
+    an empty tmpfs over each `hide` path, the writable `binds` (host source, sandbox destination;
+    e.g. a private directory as `/tmp`), the read-only `show` paths (re-exposed after a `hide` or a
+    bind covered them), and `workdir`, writable, last, so that nothing covers it. The other modes
+    have no file-system walls and ignore `hide`, `binds` and `show`."""
     if mode == "bwrap":
         prefix = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         hidden = [os.path.realpath(p) for p in hide if os.path.isdir(p)]
@@ -126,6 +133,10 @@ def wrap(argv: Sequence[str], workdir: str, mode: str, hide: Sequence[str] = ())
         keep = os.path.realpath(sys.base_prefix)
         if any(keep == h or keep.startswith(h + os.sep) for h in hidden):
             prefix += ["--ro-bind", keep, keep]
+        for source, dest in binds:
+            prefix += ["--bind", os.path.realpath(source), dest]
+        for path in show:
+            prefix += ["--ro-bind", os.path.realpath(path), os.path.realpath(path)]
         workdir = os.path.realpath(workdir)
         prefix += ["--bind", workdir, workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
                    "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session", "--"]
@@ -340,16 +351,29 @@ class PythonSandbox:
 
 
 def run_command(argv: Sequence[str] | str, workdir: str, limits: Limits = Limits(), *, isolation_mode: str = "auto",
-                hide: Sequence[str] = (), env: dict | None = None) -> CommandResult:
+                hide: Sequence[str] = (), env: dict | None = None, binds: Sequence[tuple[str, str]] = (),
+                show: Sequence[str] = (), stdin: str | bytes | None = None) -> CommandResult:
     """Runs one command (a string runs under `bash -c`) inside the walls, in `workdir`, with stdout
-    and stderr merged and cut at `limits.output_chars`."""
+    and stderr merged and cut at `limits.output_chars`. `stdin` is the command's standard input
+    (none by default), passed through an unnamed temporary file so that a large input can never
+    block against the output pipe; `binds` and `show` as in `wrap`."""
     if isinstance(argv, str):
         argv = ["bash", "-c", argv]
     mode = isolation(isolation_mode)
     full = wrap([_python(hide), "-I", "-S", "-c", CHILD_SOURCE, "exec", limits.to_child(), workdir, "-", *argv],
-                workdir, mode, hide)
+                workdir, mode, hide, binds=binds, show=show)
+    with tempfile.TemporaryFile() as source:
+        if stdin is not None:
+            source.write(stdin.encode() if isinstance(stdin, str) else stdin)
+            source.seek(0)
+        return _collect(full, workdir, limits, env, source if stdin is not None else subprocess.DEVNULL)
+
+
+def _collect(full: list[str], workdir: str, limits: Limits, env: dict | None, stdin) -> CommandResult:
+    """Runs `full`, keeping the head of its output, until it exits or the wall clock runs out (also
+    when it closed its output early and went on running: `exec >&-; sleep 1000`)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(full, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, cwd=workdir, env=env)
     kept, dropped, timed_out = bytearray(), 0, False
     deadline = t0 + limits.wall_s
@@ -368,7 +392,13 @@ def run_command(argv: Sequence[str] | str, workdir: str, limits: Limits = Limits
             kept += chunk[:room]
             dropped += max(0, len(chunk) - room)
     finally:
-        _kill(proc) if timed_out else proc.wait()
+        if not timed_out:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        if timed_out:
+            _kill(proc)
         proc.stdout.close()
     return CommandResult(None if timed_out else proc.returncode, kept.decode("utf-8", "replace"), dropped=dropped,
                          timed_out=timed_out, seconds=time.monotonic() - t0)

@@ -48,6 +48,14 @@ _set(resource.RLIMIT_CORE, 0)
 os.chdir(WORKDIR)
 
 if ROLE == "exec":
+    # Python ignores SIGPIPE and SIGXFSZ, and an exec keeps ignored signals: give the command a
+    # normal shell's defaults (`yes | head` ends quietly; a write past the file limit ends the writer).
+    # Imported here, not at the top: in the REPL role a loaded `signal` would let cells import it
+    # past the audit hook, which sees imports only of modules not yet loaded.
+    import signal
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
     os.execvp(sys.argv[5], sys.argv[5:])
 
 # ---------------------------------------------------------------- the inner wall (repl only)

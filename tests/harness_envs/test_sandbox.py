@@ -112,3 +112,25 @@ def test_isolation_names_are_checked():
     with pytest.raises(ValueError, match="not one of"):
         sb.isolation("docker")
     assert sb.isolation() in ("bwrap", "unshare", "none")
+
+
+def test_commands_take_stdin_and_end_at_the_wall_even_with_their_output_closed(tmp_path):
+    fed = sb.run_command("wc -c", str(tmp_path), sb.Limits(wall_s=10), stdin="x" * 300_000)
+    assert fed.output.strip() == "300000"  # more than a pipe holds: no deadlock
+    closed = sb.run_command("exec >&- 2>&-; sleep 30", str(tmp_path), sb.Limits(wall_s=0.5))
+    assert closed.timed_out and closed.seconds < 5
+    assert sb.run_command("yes | head -c 3", str(tmp_path)).output == "y\ny"  # SIGPIPE back to its default
+
+
+@pytest.mark.skipif(sb.isolation() != "bwrap", reason="bubblewrap (bwrap) is not installed or does not run here")
+def test_binds_and_shown_paths_stack_over_hidden_ones(tmp_path):
+    work, private, hidden = tmp_path / "work", tmp_path / "private", tmp_path / "hidden"
+    for d in (work, private, hidden / "shown"):
+        d.mkdir(parents=True)
+    (hidden / "secret.txt").write_text("s")
+    (hidden / "shown" / "ok.txt").write_text("ok")
+    result = sb.run_command(f"echo t > /tmp/t.txt; ls {hidden}; cat {hidden}/shown/ok.txt; touch {hidden}/shown/x",
+                            str(work), hide=(str(hidden),), binds=[(str(private), "/tmp")],
+                            show=[str(hidden / "shown")])
+    assert (private / "t.txt").read_text() == "t\n"  # /tmp is the private directory
+    assert "secret.txt" not in result.output and "ok" in result.output and "Read-only" in result.output
