@@ -11,7 +11,11 @@ Agent code is hostile input. Whatever it does, it runs in a separate process tha
   its inner wall alone (an audit hook refusing sockets, processes, native code and writes outside
   the episode directory; `sandbox_child.py`). `isolation()` says which one a machine gets;
 - is killed with its whole process group when a cell or command passes its wall-clock limit;
-- returns bounded output, and on any exception the traceback of the agent's own code as text.
+- returns bounded output, and on any exception the traceback of the agent's own code as text;
+- for `run_command(user=...)`, runs as an unprivileged uid: a parent running as root drops to it
+  inside the child, after the rlimits and before the command (`SandboxUser` leases a uid of its own
+  to each workspace). The kernel never applies RLIMIT_NPROC to root, and root inside bubblewrap
+  keeps nearly every capability (CAP_SYS_ADMIN among them); the uid has neither.
 
 `PythonSandbox` is the REPL (AppWorld-style code cells, state kept between cells) with an optional
 bridge object whose calls the parent answers (`apis.app.api(...)`: the world's state stays in the
@@ -21,6 +25,7 @@ benchmarks) under the same walls. docs/appworld.md gives the measured overheads.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
 import json
 import math
@@ -29,6 +34,7 @@ import pathlib
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -45,7 +51,8 @@ _START_TIMEOUT_S = 20.0
 class Limits:
     """What one sandbox process may use. `wall_s` bounds each cell or command; `cpu_s` the process's
     whole life (an episode of cells); `nproc` is RLIMIT_NPROC as the kernel counts it (every
-    process of the user; root ignores it), None to leave it."""
+    process and thread of the user, machine-wide; never applied to root: run commands as a
+    `SandboxUser`), None to leave it."""
 
     wall_s: float = 10.0
     cpu_s: int = 60
@@ -55,10 +62,10 @@ class Limits:
     nproc: int | None = None
     output_chars: int = 20_000
 
-    def to_child(self) -> str:
+    def to_child(self, user: tuple[int, int] | None = None) -> str:
         return json.dumps({"cpu_s": self.cpu_s, "memory_mb": self.memory_mb, "file_mb": self.file_mb,
                            "open_files": self.open_files, "nproc": self.nproc,
-                           "output_chars": self.output_chars})
+                           "output_chars": self.output_chars, **({"user": list(user)} if user else {})})
 
 
 @dataclasses.dataclass
@@ -116,29 +123,40 @@ def _unshare_prefix() -> list[str]:
 
 
 def wrap(argv: Sequence[str], workdir: str, mode: str, hide: Sequence[str] = (), *,
-         binds: Sequence[tuple[str, str]] = (), show: Sequence[str] = ()) -> list[str]:
+         binds: Sequence[tuple[str, str]] = (), show: Sequence[str] = (), enterable: bool = False) -> list[str]:
     """`argv` inside the isolation `mode` (a resolved one: bwrap, unshare or none).
 
     Under bwrap the mounts stack in this order, each able to cover the ones before: `/` read-only,
     an empty tmpfs over each `hide` path, the writable `binds` (host source, sandbox destination;
     e.g. a private directory as `/tmp`), the read-only `show` paths (re-exposed after a `hide` or a
-    bind covered them), and `workdir`, writable, last, so that nothing covers it. The other modes
+    bind covered them), and `workdir`, writable, last, so that nothing covers it. The directories
+    bubblewrap makes on the way to a mount are root's with mode 0700; `enterable` makes them 0755
+    (`--dir`, a no-op where one exists), for a command that drops to another uid. The other modes
     have no file-system walls and ignore `hide`, `binds` and `show`."""
     if mode == "bwrap":
         prefix = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+
+        def mount(kind: str, source: str, dest: str) -> None:
+            if enterable:
+                parents = pathlib.PurePosixPath(dest).parents
+                for parent in reversed([str(p) for p in parents if str(p) != "/"]):
+                    prefix.extend(["--dir", parent])
+            prefix.extend([kind, source, dest])
+
         hidden = [os.path.realpath(p) for p in hide if os.path.isdir(p)]
         for path in hidden:
             prefix += ["--tmpfs", path]
         # The base interpreter (the child runs `python -I -S`) stays visible even under a hidden path.
         keep = os.path.realpath(sys.base_prefix)
         if any(keep == h or keep.startswith(h + os.sep) for h in hidden):
-            prefix += ["--ro-bind", keep, keep]
+            mount("--ro-bind", keep, keep)
         for source, dest in binds:
-            prefix += ["--bind", os.path.realpath(source), dest]
+            mount("--bind", os.path.realpath(source), dest)
         for path in show:
-            prefix += ["--ro-bind", os.path.realpath(path), os.path.realpath(path)]
+            mount("--ro-bind", os.path.realpath(path), os.path.realpath(path))
         workdir = os.path.realpath(workdir)
-        prefix += ["--bind", workdir, workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
+        mount("--bind", workdir, workdir)
+        prefix += ["--chdir", workdir, "--unshare-net", "--unshare-pid",
                    "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session", "--"]
         return prefix + list(argv)
     if mode == "unshare":
@@ -352,16 +370,26 @@ class PythonSandbox:
 
 def run_command(argv: Sequence[str] | str, workdir: str, limits: Limits = Limits(), *, isolation_mode: str = "auto",
                 hide: Sequence[str] = (), env: dict | None = None, binds: Sequence[tuple[str, str]] = (),
-                show: Sequence[str] = (), stdin: str | bytes | None = None) -> CommandResult:
+                show: Sequence[str] = (), stdin: str | bytes | None = None,
+                user: tuple[int, int] | None = None) -> CommandResult:
     """Runs one command (a string runs under `bash -c`) inside the walls, in `workdir`, with stdout
     and stderr merged and cut at `limits.output_chars`. `stdin` is the command's standard input
     (none by default), passed through an unnamed temporary file so that a large input can never
-    block against the output pipe; `binds` and `show` as in `wrap`."""
+    block against the output pipe; `binds` and `show` as in `wrap`.
+
+    `user` (uid, gid; a root parent only): the command runs as that uid with that gid and no
+    supplementary groups, no capabilities and no way to gain privileges again (no_new_privs, so no
+    setuid binary either); the child checks that root cannot be regained, else it runs nothing and
+    exits with status 126. Whatever the command must write (`workdir`, the `binds`) must then be
+    that uid's (`SandboxUser.own`), and what it runs reachable by it (`closed_ancestor`)."""
     if isinstance(argv, str):
         argv = ["bash", "-c", argv]
+    if user is not None and os.geteuid() != 0:
+        raise ValueError(f"run_command(user={tuple(user)}) needs a parent running as root (euid 0, not "
+                         f"{os.geteuid()}); pass user=None")
     mode = isolation(isolation_mode)
-    full = wrap([_python(hide), "-I", "-S", "-c", CHILD_SOURCE, "exec", limits.to_child(), workdir, "-", *argv],
-                workdir, mode, hide, binds=binds, show=show)
+    full = wrap([_python(hide), "-I", "-S", "-c", CHILD_SOURCE, "exec", limits.to_child(user), workdir, "-", *argv],
+                workdir, mode, hide, binds=binds, show=show, enterable=user is not None)
     with tempfile.TemporaryFile() as source:
         if stdin is not None:
             source.write(stdin.encode() if isinstance(stdin, str) else stdin)
@@ -402,3 +430,90 @@ def _collect(full: list[str], workdir: str, limits: Limits, env: dict | None, st
         proc.stdout.close()
     return CommandResult(None if timed_out else proc.returncode, kept.decode("utf-8", "replace"), dropped=dropped,
                          timed_out=timed_out, seconds=time.monotonic() - t0)
+
+
+# ---------------------------------------------------------------------------------------- own uids
+
+# Uids leased to workspaces, gid = uid: above the subordinate ids that `useradd` hands out by default
+# (/etc/subuid: 100000 up to 600100000) and below 2**31 (tools that read a uid as a signed int).
+SANDBOX_UIDS = range(1_500_000_000, 1_500_000_000 + 4096)
+UID_LOCKS = "/run/hsjax-sandbox-uids" if os.path.isdir("/run") else os.path.join(tempfile.gettempdir(),
+                                                                                   "hsjax-sandbox-uids")
+
+
+class SandboxUser:
+    """A uid (and the gid of the same number) leased to one workspace for its whole life, so that
+    RLIMIT_NPROC, which counts every process and thread of a uid machine-wide, bounds that workspace
+    and no other: concurrent workspaces never share a uid, so one fork bomb cannot starve the
+    others. The lease is an exclusive `flock` on `<locks>/<uid>`, held until `release()` or until
+    this process dies, so it is exclusive across the processes of a machine too. Root only."""
+
+    def __init__(self, uid: int, lock_fd: int):
+        self.uid, self.gid, self._lock_fd = uid, uid, lock_fd
+
+    @property
+    def ids(self) -> tuple[int, int]:
+        return self.uid, self.gid
+
+    @classmethod
+    def lease(cls, uids: range = SANDBOX_UIDS, locks: str = UID_LOCKS) -> "SandboxUser":
+        """The first uid of `uids` that no other workspace of the machine holds."""
+        if os.geteuid() != 0:
+            raise PermissionError(f"sandbox uids can be leased only by root (this process runs as uid {os.geteuid()})")
+        os.makedirs(locks, mode=0o700, exist_ok=True)
+        info = os.lstat(locks)
+        if not os.path.isdir(locks) or os.path.islink(locks) or info.st_uid != 0 or info.st_mode & 0o022:
+            raise PermissionError(f"{locks}: the uid lock directory must be root's own, not a link, and "
+                                  "writable by nobody else; remove it and retry")
+        for uid in uids:
+            fd = os.open(os.path.join(locks, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return cls(uid, fd)
+        raise RuntimeError(f"all {len(uids)} sandbox uids ({uids.start}..{uids.stop - 1}) are leased: too many "
+                           "workspaces open at once on this machine; close some or pass a longer range")
+
+    def own(self, path: str) -> None:
+        """Makes `path` and everything under it this uid's (`lchown`: links are not followed)."""
+        os.lchown(path, self.uid, self.gid)
+        stack = [path] if os.path.isdir(path) and not os.path.islink(path) else []
+        while stack:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    os.lchown(entry.path, self.uid, self.gid)
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+
+    def kill_all(self) -> None:
+        """SIGKILLs every process of this uid (`kill -KILL -1` run as the uid: the kernel signals
+        them all in one pass, so a fork bomb cannot outrun it)."""
+        subprocess.run(["/bin/sh", "-c", "kill -KILL -1"], user=self.uid, group=self.gid, extra_groups=[], env={},
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       cwd="/", timeout=30)
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __del__(self):
+        self.release()
+
+
+def closed_ancestor(path: str) -> str | None:
+    """The outermost directory on the way to `path` (itself included) that users other than its
+    owner and group cannot enter (no `o+x`; `/root` is the usual one), or None. Under bubblewrap an
+    empty tmpfs `hide` over it plus `show` of `path` makes `path` reachable by a sandbox uid."""
+    parts = pathlib.PurePosixPath(os.path.realpath(path)).parts
+    for i in range(1, len(parts) + 1):
+        directory = os.path.join(*parts[:i])
+        try:
+            info = os.stat(directory)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISDIR(info.st_mode) and not info.st_mode & stat.S_IXOTH:
+            return directory
+    return None

@@ -16,7 +16,8 @@ one. Then it serves one of two roles, named by argv[1]:
              request `{"op": "call", "path": ["a", "b"], "args", "kwargs"}` that the parent answers
              with `{"op": "reply", "ok", "value"}` or `{"ok": false, "type", "message"}`, raised
              here as an exception of that class name.
-    exec     sets the limits, then replaces itself with argv[5:] (a shell command, say).
+    exec     sets the limits, drops to the limits' "user" ([uid, gid]) when one is given, then
+             replaces itself with argv[5:] (a shell command, say).
 
 argv[2] is the JSON of the limits, argv[3] the episode directory, argv[4] the request and reply
 pipes' descriptors ("r,w"; "-" for exec).
@@ -56,6 +57,31 @@ if ROLE == "exec":
     for name in ("SIGPIPE", "SIGXFSZ"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
+    if LIMITS.get("user") is not None:
+        # For good, after the limits (RLIMIT_NPROC now binds) and before the command: no_new_privs
+        # first (no setuid binary or file capability can lift the command back), then the groups,
+        # the gid and the uid (real, effective and saved: every capability goes with them). Root
+        # that could come back, or ids that did not change, run nothing.
+        _uid, _gid = (int(x) for x in LIMITS["user"])
+        try:
+            # `os.execvp` imports `warnings`: now, while the standard library is surely readable.
+            import ctypes, warnings  # noqa: F401,E401
+            if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+            os.setgroups([])
+            os.setresgid(_gid, _gid, _gid)
+            os.setresuid(_uid, _uid, _uid)
+            if os.getresuid() != (_uid,) * 3 or os.getresgid() != (_gid,) * 3 or os.getgroups():
+                raise OSError(f"the ids are {os.getresuid()}/{os.getresgid()}/{os.getgroups()}")
+            try:
+                os.setuid(0)
+            except PermissionError:
+                pass
+            else:
+                raise OSError("root could be regained")
+        except Exception as e:
+            os.write(2, f"sandbox: refusing to run the command: cannot run it as uid {_uid}: {e}\n".encode())
+            os._exit(126)
     os.execvp(sys.argv[5], sys.argv[5:])
 
 # ---------------------------------------------------------------- the inner wall (repl only)

@@ -2,6 +2,7 @@
 directory, bounded time, memory and output, and a clean traceback of the agent's code only."""
 import os
 import shutil
+import tempfile
 
 import pytest
 
@@ -134,3 +135,44 @@ def test_binds_and_shown_paths_stack_over_hidden_ones(tmp_path):
                             show=[str(hidden / "shown")])
     assert (private / "t.txt").read_text() == "t\n"  # /tmp is the private directory
     assert "secret.txt" not in result.output and "ok" in result.output and "Read-only" in result.output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="NOT EXERCISED: dropping to a sandbox uid needs a root parent")
+@pytest.mark.parametrize("mode", MODES)
+def test_commands_drop_to_a_leased_uid_for_good(mode):
+    """RLIMIT_NPROC binds the uid, which has no capability, no supplementary group and no way back to
+    root; what it writes is its own."""
+    user = sb.SandboxUser.lease()
+    work = tempfile.mkdtemp(prefix="hsjax-test-uid-")
+    try:
+        user.own(work)
+        result = sb.run_command("id -u; id -g; id -G; ulimit -u; grep -E '^(CapPrm|CapEff|NoNewPrivs)' "
+                                "/proc/self/status; touch made; python3 -c 'import os; os.setuid(0)' 2>&1 | tail -1",
+                                work, sb.Limits(nproc=32), isolation_mode=mode, user=user.ids)
+        assert result.output.splitlines() == [str(user.uid)] * 3 + ["32", "CapPrm:\t0000000000000000",
+                                              "CapEff:\t0000000000000000", "NoNewPrivs:\t1",
+                                              "PermissionError: [Errno 1] Operation not permitted"], result.output
+        assert os.stat(os.path.join(work, "made")).st_uid == user.uid
+    finally:
+        user.kill_all()
+        user.release()
+        shutil.rmtree(work)
+
+
+def test_uid_leases_are_exclusive_until_released(tmp_path, monkeypatch):
+    if os.geteuid() == 0:
+        locks, uids = str(tmp_path / "locks"), range(1_500_000_000, 1_500_000_002)
+        first, second = sb.SandboxUser.lease(uids, locks), sb.SandboxUser.lease(uids, locks)
+        assert (first.uid, second.uid) == tuple(uids) and first.gid == first.uid
+        with pytest.raises(RuntimeError, match="all 2 sandbox uids"):
+            sb.SandboxUser.lease(uids, locks)
+        first.release()
+        again = sb.SandboxUser.lease(uids, locks)
+        assert again.uid == uids[0]
+        again.release()
+        second.release()
+    monkeypatch.setattr(sb.os, "geteuid", lambda: 1000)
+    with pytest.raises(ValueError, match="needs a parent running as root"):
+        sb.run_command("true", str(tmp_path), user=(1_500_000_000, 1_500_000_000))
+    with pytest.raises(PermissionError, match="only by root"):
+        sb.SandboxUser.lease()

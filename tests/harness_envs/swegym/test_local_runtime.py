@@ -7,6 +7,7 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 
@@ -19,6 +20,9 @@ from tests.harness_envs.swegym.toy_repo import make_toy
 
 needs_bwrap = pytest.mark.skipif(sb.isolation() != "bwrap",
                                  reason="NOT EXERCISED: bubblewrap (bwrap) is not installed or does not run here")
+needs_own_uids = pytest.mark.skipif(os.geteuid() != 0 or sb.isolation() != "bwrap",
+                                    reason="NOT EXERCISED: commands run as a leased uid only when the tests run as "
+                                           "root with bubblewrap")
 LIMITS = sb.Limits(wall_s=20, cpu_s=60, memory_mb=4096, file_mb=8, open_files=256, output_chars=5000)
 
 
@@ -41,6 +45,20 @@ def ws(toy, runtime):
 def _host_processes(marker: str) -> list[str]:
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def _processes_of(uid: int) -> int:
+    """How many processes of the machine have real uid `uid` (what RLIMIT_NPROC counts, less threads)."""
+    count = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                count += next(int(line.split()[1]) for line in f if line.startswith(b"Uid:")) == uid
+        except (OSError, StopIteration):
+            pass  # gone meanwhile
+    return count
 
 
 # ---------------------------------------------------------------------------------------- the tree
@@ -144,9 +162,9 @@ def test_output_is_bounded_and_sleep_is_killed_at_the_wall(ws):
 
 @needs_bwrap
 def test_no_process_outlives_its_command(ws):
-    """As root (RLIMIT_NPROC does not bind root) this is the containment of a fork bomb: the wall
-    clock, then the PID namespace's teardown; a bounded tree of 127 subshells, one setsid'd, and
-    one that closed its output, so that nothing is left to signal the end."""
+    """The wall clock, then the PID namespace's teardown (all that contains a fork bomb of a root
+    command, `uids=None`): a bounded tree of 127 subshells, one setsid'd, and one that closed its
+    output, so that nothing is left to signal the end."""
     marker = f"{1000 + uuid.uuid4().int % 1000}.{os.getpid()}"
     tree = (f"b() {{ if [ $1 -lt 6 ]; then b $(($1+1)) & b $(($1+1)) & fi; sleep {marker}; }}; "
             f"(setsid sleep {marker} &); b 0 & exec >&- 2>&-; sleep {marker}")
@@ -156,15 +174,74 @@ def test_no_process_outlives_its_command(ws):
     assert _host_processes(f"sleep {marker}") == []
 
 
-@needs_bwrap
-@pytest.mark.skipif(os.geteuid() == 0, reason="NOT EXERCISED as root: RLIMIT_NPROC does not bind root, and a "
-                    "real fork bomb would exhaust the machine's PIDs before the wall clock ends it")
-def test_a_fork_bomb_meets_the_process_limit(toy, runtime):
-    own = len([p for p in os.listdir("/proc") if p.isdigit() and os.stat(f"/proc/{p}").st_uid == os.getuid()])
-    capped = lr.LocalRuntime(toy.repos_dir, toy.venvs_dir, dataclasses.replace(LIMITS, nproc=own + 64, wall_s=5))
-    with capped.workspace(toy.instance) as ws:
-        bomb = ws.run("b() { b | b & }; b; sleep 2; echo survived")
-        assert "Resource temporarily unavailable" in bomb.output or bomb.timed_out
+@needs_own_uids
+def test_commands_run_as_a_uid_of_the_workspace_that_cannot_regain_root(toy, runtime, ws):
+    uid = ws.user.uid
+    assert uid in sb.SANDBOX_UIDS and runtime.limits.nproc == lr.SANDBOX_NPROC
+    who = ws.run("id -u; id -g; id -G; ulimit -u; grep -E '^(CapPrm|CapEff|NoNewPrivs)' /proc/self/status; "
+                 "python -c 'import os; os.setuid(0)' 2>&1 | tail -1; touch $VIRTUAL_ENV/planted 2>&1")
+    assert who.output.splitlines()[:4] == [str(uid)] * 3 + [str(lr.SANDBOX_NPROC)]
+    for line in ("CapPrm:\t0000000000000000", "CapEff:\t0000000000000000", "NoNewPrivs:\t1", "PermissionError"):
+        assert line in who.output
+    assert "Read-only file system" in who.output and not os.path.exists(os.path.join(ws._venv, "planted"))
+    # What the host writes, the agent can edit, and what the agent writes, the host reads and diffs.
+    ws.write_file("newpkg/deep/mod.py", "A = 1\n")
+    edit = ws.run("echo 'B = 2' >> newpkg/deep/mod.py && echo 'C = 3' > newpkg/deep/other.py && mkdir -p calc/new "
+                  "&& echo x > calc/new/f.txt && chmod 600 calc/new/f.txt && stat -c %u newpkg newpkg/deep/mod.py")
+    assert edit.returncode == 0 and edit.output.split() == [str(uid)] * 2, edit.output
+    assert ws.read_file("newpkg/deep/mod.py") == "A = 1\nB = 2\n" and ws.read_file("calc/new/f.txt") == "x\n"
+    for header in ("b/newpkg/deep/mod.py", "b/newpkg/deep/other.py", "b/calc/new/f.txt"):
+        assert header in ws.diff()
+    owners = {os.lstat(os.path.join(d, n)).st_uid for d, dirs, files in os.walk(ws.root) for n in dirs + files}
+    assert owners == {uid}
+    # Each workspace has its own uid, held until it closes.
+    with runtime.workspace(toy.instance) as other:
+        lease = other.user
+        assert lease.uid != uid and other.run("id -u").output.strip() == str(lease.uid)
+        with pytest.raises(RuntimeError, match="leased"):
+            sb.SandboxUser.lease(range(lease.uid, lease.uid + 1))
+    assert other.user is None and lease._lock_fd is None  # released (another process may lease it now)
+    # uids=None keeps the old way: commands as this process's uid, no process limit added.
+    legacy = lr.LocalRuntime(toy.repos_dir, toy.venvs_dir, LIMITS, uids=None)
+    assert legacy.limits.nproc is None
+    with legacy.workspace(toy.instance) as mine:
+        assert mine.user is None and mine.run("id -u").output.strip() == "0"
+
+
+@needs_own_uids
+def test_a_fork_bomb_meets_the_process_limit_of_its_uid(toy):
+    """A real bomb, bounded by RLIMIT_NPROC on the workspace's uid: the processes of that uid never
+    pass the limit, another workspace works on meanwhile, and nothing of the uid survives. (A
+    background sleep keeps the command, and so the bomb, going until the wall clock.)"""
+    nproc = 64
+    capped = lr.LocalRuntime(toy.repos_dir, toy.venvs_dir, dataclasses.replace(LIMITS, nproc=nproc, wall_s=4))
+    with capped.workspace(toy.instance) as ws, capped.workspace(toy.instance) as other:
+        uid = ws.user.uid
+        # The drop first, with a harmless command: a bomb that ran as root would meet no limit at all.
+        assert ws.run("id -u; ulimit -u").output.split() == [str(uid), str(nproc)]
+        result, peak = {}, [0]
+        bomber = threading.Thread(target=lambda: result.update(bomb=ws.run("sleep 60 & :(){ :|:& };:; wait")))
+
+        def watch():
+            while bomber.is_alive():
+                peak[0] = max(peak[0], _processes_of(uid))
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch)
+        bomber.start()
+        watcher.start()
+        time.sleep(1.5)
+        meanwhile = other.run("for i in $(seq 20); do /bin/true; done; echo ok")
+        bomber.join()
+        watcher.join()
+        bomb = result["bomb"]
+        assert "Resource temporarily unavailable" in bomb.output and bomb.timed_out  # the sleep kept it going
+        assert nproc // 2 <= peak[0] <= nproc, f"peak {peak[0]}"  # a real bomb, and the limit held it (64 seen)
+        assert meanwhile.output == "ok\n"  # the other workspace's uid has its own budget
+        deadline = time.monotonic() + 5  # the PID namespace's teardown: killed at once, reaped within moments
+        while _processes_of(uid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_of(uid) == 0  # nothing survives the command
         assert ws.run("echo alive").output == "alive\n"
 
 
