@@ -36,6 +36,7 @@ MODES = {
     "evolve": "hsjax.modes.evolve",
     "rank1": "hsjax.modes.rank1",
     "serve": "hsjax.modes.serve",
+    "export": "hsjax.modes.export",
     "sft": "hsjax.studies.testbed.warmstart",
     "probe": "hsjax.studies.testbed.probe",
     "testbed_demo": "hsjax.studies.testbed.demo",

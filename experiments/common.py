@@ -43,7 +43,9 @@ def add_sampling(block: ConfigDict, *, greedy: bool, temperature: float = 1.0, m
 
 def policy(kind: str = "oracle", noise: dict | None = None) -> ConfigDict:
     """The policy that plays (`hsjax.builders.make_policy`): a scripted agent of the benchmark
-    (oracle, scripted), an OpenAI-compatible server (http) or a JAX checkpoint (jax)."""
+    (oracle, scripted), an OpenAI-compatible server (http: chat text; http_tokens: token ids and
+    logprobs from a vLLM-compatible /v1/completions, prompts rendered with hf_dir's tokenizer;
+    the http keys apply to both) or a JAX checkpoint (jax)."""
     return ConfigDict({
         "kind": kind,
         "base_url": "", "model": "",  # http
@@ -58,8 +60,11 @@ def policy(kind: str = "oracle", noise: dict | None = None) -> ConfigDict:
         "max_reply_bytes": 4 << 20, "max_reply_chars": 0,
         # http: this many failed requests in a row, none succeeding, and the run stops (EndpointDown); 0: never
         "max_consecutive_failures": 16,
-        "checkpoint": "",  # jax: an HF directory, or a training workdir (then also hf_dir)
-        "hf_dir": "",  # jax with a workdir checkpoint: HF directory of the base model and tokenizer
+        "checkpoint": "",  # jax: an HF directory, or a training workdir (its latest checkpoint)
+        # jax with a workdir checkpoint: HF directory of its model config and tokenizer; empty = the ones
+        # the run's own config.json names. http_tokens: the served model's HF directory (or training
+        # workdir), whose tokenizer renders the prompts
+        "hf_dir": "",
         "noise": {n: float((noise or {}).get(n, 0.0)) for n in DBBENCH_SLIPS},  # scripted: slip probabilities
     })
 
@@ -76,8 +81,12 @@ def runner(batch_size: int = 64, env_workers: int = 4, max_context_tokens: int =
 
 
 def model(preset: str = "tiny", hf_dir: str = "") -> ConfigDict:
-    """The trained model: an HF directory, or (hf_dir empty) a preset with random weights and the tiny tokenizer."""
+    """The trained model: an HF directory or a training workdir (its latest checkpoint), or (hf_dir
+    empty) a preset with random weights and a tiny tokenizer."""
     return ConfigDict({"preset": preset, "hf_dir": hf_dir,
+                       # hf_dir empty: tiny (the shipped warm starts' ids) | tiny_qwen2 (AutoTokenizer gives
+                       # the same ids; for new runs; hsjax/models/tokenizer.py)
+                       "tokenizer": "tiny",
                        "dtype": "float32",  # compute dtype: float32 | bfloat16
                        "param_dtype": "float32",  # master weights
                        "remat": False,

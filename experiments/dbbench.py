@@ -17,9 +17,9 @@ Eval (writes W/eval/<name>.json and prints accuracy per type, category and overa
     python run.py --config experiments/dbbench.py:eval --config.policy.kind=http \
         --config.policy.base_url=http://localhost:8000/v1 --config.policy.model=qwen2.5-7b-instruct \
         --config.split=standard_heldout --config.benchmark.backend.kind=mariadb --workdir /tmp/hsjax/eval_http
-    # a JAX checkpoint (HF directory)
+    # a JAX checkpoint: an HF directory, or a training workdir (its latest checkpoint)
     python run.py --config experiments/dbbench.py:eval --config.policy.kind=jax \
-        --config.policy.checkpoint=/path/to/hf_dir --workdir /tmp/hsjax/eval_jax
+        --config.policy.checkpoint=/path/to/hf_dir_or_train_workdir --workdir /tmp/hsjax/eval_jax
 
 Demo: a scripted agent that slips, on dev, under the base harness and each of the six starter
 siblings (overall_cat 40.0 under base, 41.7-53.3 under the siblings; < 2 s):

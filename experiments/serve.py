@@ -6,10 +6,9 @@
     # an HF directory (e.g. a downloaded Qwen2.5-0.5B-Instruct)
     python run.py --config experiments/serve.py --config.serve.hf_dir=/ckpt/Qwen2.5-0.5B-Instruct \
         --config.serve.port=8001 --workdir /tmp/hsjax/serve
-    # the latest checkpoint of a training workdir (the HF dir gives the config and tokenizer)
+    # the latest checkpoint of a training workdir, in the model config and tokenizer the run used
     python run.py --config experiments/serve.py --config.serve.checkpoint=/tmp/hsjax/train \
-        --config.serve.hf_dir=/ckpt/Qwen2.5-0.5B-Instruct --config.serve.model_name=policy-step-400 \
-        --workdir /tmp/hsjax/serve_ckpt
+        --config.serve.model_name=policy-step-400 --workdir /tmp/hsjax/serve_ckpt
     # with a key: clients send `Authorization: Bearer $SERVE_KEY`
     SERVE_KEY=... python run.py --config experiments/serve.py:tiny --config.serve.api_key_env=SERVE_KEY \
         --workdir /tmp/hsjax/serve_tiny
@@ -33,8 +32,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.seed = 0
 
     c.serve = ml_collections.ConfigDict()
-    c.serve.hf_dir = ""  # HF directory: config, tokenizer and (unless checkpoint is set) weights
-    c.serve.checkpoint = ""  # an HF directory, or a workdir / checkpoint directory (needs hf_dir)
+    c.serve.checkpoint = ""  # an HF directory, or a training workdir / its checkpoints directory
+    # with a workdir checkpoint: the HF directory of its model config and tokenizer (default: the run's own);
+    # alone: the HF directory (or workdir) to serve
+    c.serve.hf_dir = ""
     c.serve.init_tiny = False  # neither given: serve a random tiny model (written to the workdir)
     c.serve.model_name = ""  # the name clients send; default: the served directory's name
     c.serve.host = "127.0.0.1"  # 0.0.0.0 exposes it beyond this machine: set api_key_env then

@@ -56,6 +56,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = "tiny"
+    c.model.tokenizer = "tiny"  # tiny (the shipped warm starts) | tiny_qwen2 (AutoTokenizer-exact; new runs)
     # Preset fields changed with dataclasses.replace; 0 keeps the preset's value.
     c.model.overrides = ml_collections.ConfigDict(
         {"hidden_size": 0, "intermediate_size": 0, "num_layers": 0, "num_heads": 0, "num_kv_heads": 0,

@@ -36,7 +36,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.pool = common.DEFAULT_POOL
 
     c.model = ml_collections.ConfigDict()
-    c.model.hf_dir = ""  # the warm start (experiments/testbed.py:sft writes W/hf); required
+    c.model.hf_dir = ""  # the warm start: W_sft/hf or the sft workdir W_sft itself (experiments/testbed.py:sft); required
 
     c.probe = ml_collections.ConfigDict()
     c.probe.checkpoints = "hf"  # comma-separated: hf | <train workdir>:<step>

@@ -8,6 +8,8 @@ command-line override of a key the chosen kind never reads, before anything runs
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 from typing import Mapping
 
 import jax
@@ -22,18 +24,27 @@ from hsjax.harness_s.router.local_voters import start_local_voters as _start_loc
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import paths
 from hsjax.infra.errors import UserError, user_input
-from hsjax.llm.http_policy import HttpChatPolicy
+from hsjax.llm.http_policy import HttpChatPolicy, HttpTokenPolicy
 from hsjax.models import presets
-from hsjax.models.tokenizer import build_tiny_tokenizer
+from hsjax.models.hf import load_tokenizer_file
+from hsjax.models.tokenizer import tiny_tokenizer
 from hsjax.rollout.policy import JaxPolicy, SamplingParams
 
 # Keys of a block that only some kinds read: {kind: keys read besides `kind`}.
-POLICY_READS = {"http": ("base_url", "model", "api_key_env", "timeout", "max_retries", "backoff", "max_backoff",
-                         "max_reply_bytes", "max_reply_chars", "max_consecutive_failures"),
+_HTTP_KEYS = ("base_url", "model", "api_key_env", "timeout", "max_retries", "backoff", "max_backoff",
+              "max_reply_bytes", "max_consecutive_failures")
+POLICY_READS = {"http": (*_HTTP_KEYS, "max_reply_chars"), "http_tokens": (*_HTTP_KEYS, "hf_dir"),
                 "jax": ("checkpoint", "hf_dir"), "scripted": ("noise",), "oracle": ()}
 _SANDBOX_KEYS = ("isolation", "wall_s", "cpu_s", "memory_mb")
 BACKEND_READS = {"sqlite": ("time_budget_s", "max_db_mb"), "mariadb": ("url", "time_budget_s", "max_db_mb"),
                  "offline": _SANDBOX_KEYS, "appworld": (*_SANDBOX_KEYS, "python", "root")}
+# SWE-Gym's backend block has two selectors: `kind` (where the instances come from) and `runtime` (where
+# they run); a key is read if either's choice reads it.
+SWEGYM_BACKEND_READS = {"kind": {"offline": ("instances", "cache_dir"),
+                                 "swegym": ("instances", "cache_dir", "split_file")},
+                        "runtime": {"local": ("repos_dir", "venvs_dir", "isolation", "cpu_s", "memory_mb"),
+                                    "container": ("container_cli",)}}
+SWEGYM_ALWAYS_READS = ("test_timeout_s",)
 RESCUE_READS = {"none": (), "random": ("k", "m"), "fixed": ("siblings", "m"), "hint": ("hint", "m"),
                 "harness_s": ("k", "m")}
 
@@ -61,7 +72,23 @@ def make_benchmark(config) -> Benchmark:
 
 def benchmark_unread(config) -> dict[str, str]:
     backend = config.benchmark.get("backend")
-    return unread_keys(backend, "benchmark.backend", BACKEND_READS) if backend is not None else {}
+    if backend is None:
+        return {}
+    if config.benchmark.name == "swegym":
+        return selectors_unread(backend, "benchmark.backend", SWEGYM_BACKEND_READS, SWEGYM_ALWAYS_READS)
+    return unread_keys(backend, "benchmark.backend", BACKEND_READS)
+
+
+def selectors_unread(block, path: str, tables: Mapping[str, Mapping[str, tuple]], always=()) -> dict[str, str]:
+    """`unread_keys` for a block with several selectors: a key is unread if no selector's choice (nor
+    `always`) reads it. A choice a table does not know leaves the block unchecked (the builder rejects it)."""
+    read = set(always) | set(tables)
+    for selector, reads in tables.items():
+        if block[selector] not in reads:
+            return {}
+        read |= set(reads[block[selector]])
+    why = ", ".join(f"{s}={block[s]!r}" for s in tables)
+    return {f"{path}.{k}": f"{path} with {why} never reads it" for k in block if k not in read}
 
 
 def harness_names(value) -> list[str]:
@@ -96,22 +123,43 @@ def sampling_params(block, seed: int) -> SamplingParams:
 # Model and policies
 
 
+RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention_impl")
+
+
+def model_of_block(block) -> tuple:
+    """(model config, tokenizer, HF directory or None) of a `model` block, without weights: a
+    checkpoint path in `hf_dir` (`load_model`'s config and tokenizer), else `preset` (with the
+    block's `overrides`, as the SFT warm start has them) and the tiny tokenizer `tokenizer` names;
+    the runtime fields of the block applied on top. Takes a ConfigDict or the dict a run's
+    config.json holds (a key a run predates takes its default)."""
+    get = block.get
+    runtime = {k: get(k) for k in RUNTIME_FIELDS if get(k) is not None}
+    if get("hf_dir"):
+        cfg, _, tokenizer, source = load_model(str(get("hf_dir")), weights=False)
+        return dataclasses.replace(cfg, **runtime), tokenizer, source
+    tokenizer = tiny_tokenizer(get("tokenizer") or "tiny")
+    overrides = {k: int(v) for k, v in dict(get("overrides") or {}).items() if v}
+    cfg = presets.get_preset(get("preset") or "tiny", vocab_size=len(tokenizer), **overrides)
+    return dataclasses.replace(cfg, **runtime), tokenizer, None
+
+
 def make_model(config):
-    """(model config, params, tokenizer) from `config.model.hf_dir`, or a preset with random weights."""
-    runtime = {k: config.model[k] for k in ("dtype", "param_dtype", "remat", "attention_impl")
-               if k in config.model}
+    """(model config, params, tokenizer) from `config.model.hf_dir` (an HF directory, or a training
+    workdir: `load_model`), or a preset with random weights and a tiny tokenizer."""
     if config.model.hf_dir:
         with user_input(f"model.hf_dir={config.model.hf_dir!r}", HF_DIR_FIX):
-            cfg, params, tokenizer = models.load_pretrained(paths.resolve(config.model.hf_dir))
+            cfg, params, tokenizer, _ = load_model(config.model.hf_dir)
+        runtime = {k: config.model[k] for k in RUNTIME_FIELDS if k in config.model}
         return dataclasses.replace(cfg, **runtime), params, tokenizer
-    tokenizer = build_tiny_tokenizer()
-    cfg = dataclasses.replace(presets.get_preset(config.model.preset), vocab_size=len(tokenizer), **runtime)
+    with user_input(f"model.tokenizer={config.model.get('tokenizer')!r}", "Use 'tiny' or 'tiny_qwen2'."):
+        cfg, tokenizer, _ = model_of_block(config.model)
     params = models.init_params(cfg, jax.random.PRNGKey(config.seed))
     return cfg, params, tokenizer
 
 
 HF_DIR_FIX = ("Point it at a Hugging Face model directory (config.json, model.safetensors and the tokenizer "
-              "files), e.g. one written by the sft mode or by `models.save_pretrained`.")
+              "files), e.g. one written by the sft or export mode or by `models.save_pretrained`, or at a "
+              "training workdir (its latest checkpoint).")
 
 
 def is_hf_dir(path) -> bool:
@@ -121,37 +169,122 @@ def is_hf_dir(path) -> bool:
         (path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json"))
 
 
+def run_config(workdir) -> dict | None:
+    """The experiment config a run wrote to `<workdir>/config.json` (None when there is none, or
+    when that file is a Hugging Face config)."""
+    path = pathlib.Path(workdir) / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text(encoding="utf-8"))
+    return config if isinstance(config, dict) and "mode" in config and "model_type" not in config else None
+
+
+def load_model(path: str, base_hf_dir: str = "", step: int | None = None, *, weights: bool = True):
+    """(model config, params, tokenizer, source) of a checkpoint path; `source` is the HF directory
+    the config and tokenizer came from (None for a preset's).
+
+    * An HF directory (config.json and safetensors weights): loaded as it is (`step` must be None).
+    * A training workdir, or its `checkpoints/` directory: the params of its latest checkpoint (or
+      of `step`), in the model config and tokenizer the run used, read from the `model` block of
+      the run's own `<workdir>/config.json` (an HF `model.hf_dir`, recursively, or a preset and
+      tiny tokenizer). `base_hf_dir` names them instead (needed when the workdir has no run
+      config); the params must fit that model, leaf for leaf.
+
+    With `weights=False` no params are read (None in their place). Relative paths resolve as
+    `hsjax.infra.paths.resolve` does."""
+    root = paths.resolve(path)
+    if is_hf_dir(root) and not base_hf_dir:
+        if step is not None:
+            raise UserError(f"{path} is an HF directory, which holds one set of weights; drop the step ({step})")
+        cfg, params, tokenizer = models.load_pretrained(root, tokenizer=True) if weights else (
+            models.load_config(root), None, load_tokenizer_file(root))
+        return cfg, params, tokenizer, str(root)
+    ckpt_dir = ckpt_lib.resolve_ckpt_dir(root)
+    workdir = ckpt_dir.parent if ckpt_dir.name == "checkpoints" else root
+    if not ckpt_dir.is_dir():
+        raise UserError(f"{path} is neither an HF model directory (config.json and model.safetensors) nor a "
+                        f"training workdir (no {ckpt_dir}). {HF_DIR_FIX}")
+    if base_hf_dir:
+        with user_input(f"hf_dir={base_hf_dir!r}", HF_DIR_FIX):
+            cfg, _, tokenizer, source = load_model(base_hf_dir, weights=False)
+    else:
+        run = run_config(workdir)
+        if run is None or not isinstance(run.get("model"), dict):
+            raise UserError(f"{workdir} has checkpoints but no run config.json with a model block to tell which "
+                            "model and tokenizer they belong to; also give the HF directory of its base model "
+                            "(e.g. --config.policy.hf_dir / --config.serve.hf_dir)")
+        with user_input(f"the model block of {workdir / 'config.json'}", "Check that the run's model.hf_dir "
+                        "still exists, or give the base model's HF directory as hf_dir."):
+            cfg, tokenizer, source = model_of_block(run["model"])
+    if not weights:
+        return cfg, None, tokenizer, source
+    try:
+        with user_input(f"checkpoint {path!r}", "Give a training workdir (or its checkpoints/ directory) holding "
+                                                "an orbax checkpoint, or an HF directory."):
+            params = ckpt_lib.load_params(ckpt_dir, step)
+    except ckpt_lib.CheckpointError as e:
+        raise UserError(f"checkpoint {path!r}: {e}") from e
+    check_params_fit(cfg, params, f"the checkpoint in {ckpt_dir}", source or f"preset {cfg.family}")
+    return cfg, params, tokenizer, source
+
+
+def checkpoint_steps(path: str) -> list[int]:
+    """The saved steps of a training workdir (or checkpoints directory); [] for an HF directory."""
+    root = paths.resolve(path)
+    ckpt_dir = ckpt_lib.resolve_ckpt_dir(root)
+    if is_hf_dir(root) or not ckpt_dir.is_dir():
+        return []
+    with ckpt_lib.Checkpointer(ckpt_dir, keep=None, read_only=True) as ckpt:
+        return ckpt.all_steps()
+
+
+def check_params_fit(cfg, params, what: str, model: str) -> None:
+    """UserError unless `params` have the tree and shapes `cfg` implies."""
+    want = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
+    if jax.tree.structure(want) != jax.tree.structure(params):
+        raise UserError(f"{what} holds params of another model than {model} (tree {jax.tree.structure(params)} vs "
+                        f"{jax.tree.structure(want)}); give the HF directory of the model the run trained")
+    for (key, w), p in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(params)):
+        if tuple(w.shape) != tuple(p.shape):
+            raise UserError(f"{what}: {jax.tree_util.keystr(key)} has shape {tuple(p.shape)}, {model} implies "
+                            f"{tuple(w.shape)}; give the HF directory of the model the run trained")
+
+
 def load_jax_policy(hf_dir: str, checkpoint: str = "", *, seed: int = 0, **sampler_kwargs) -> JaxPolicy:
-    """The model of an HF directory; with `checkpoint` (a training workdir or its checkpoints
-    directory), the params of its latest checkpoint in that model. `checkpoint` may itself be an
-    HF directory (then `hf_dir` may be empty)."""
-    if checkpoint and is_hf_dir(paths.resolve(checkpoint)):
-        hf_dir, checkpoint = checkpoint, ""
-    if not hf_dir:
-        raise UserError(f"checkpoint {checkpoint!r} is not an HF directory (no config.json and weights); also "
-                        "give the HF directory of its base model (model config and tokenizer)")
-    with user_input(f"hf_dir={hf_dir!r}", HF_DIR_FIX):
-        policy = JaxPolicy.from_pretrained(str(paths.resolve(hf_dir)), seed=seed, **sampler_kwargs)
-    if checkpoint:
-        with user_input(f"checkpoint={checkpoint!r}", "Give a training workdir (or its checkpoints/ directory) "
-                                                      "holding an orbax checkpoint, or an HF directory."):
-            params = ckpt_lib.load_params(paths.resolve(checkpoint))
-        policy.update_params(params)
-    return policy
+    """The policy of `checkpoint` (`load_model`: an HF directory or a training workdir), with
+    `hf_dir` naming the model config and tokenizer of a workdir's params when given; without
+    `checkpoint`, the policy of `hf_dir` itself (which may also be a workdir)."""
+    path, base = (checkpoint, hf_dir) if checkpoint else (hf_dir, "")
+    if not path:
+        raise UserError("no checkpoint given: name an HF directory or a training workdir")
+    if base and is_hf_dir(paths.resolve(path)):
+        base = ""  # an HF directory carries its own config and tokenizer
+    with user_input(f"checkpoint={path!r}", HF_DIR_FIX):
+        cfg, params, tokenizer, _ = load_model(path, base)
+    return JaxPolicy(cfg, params, tokenizer, seed=seed, **sampler_kwargs)
 
 
 def make_policy(block, bench: Benchmark, seed: int):
-    """The policy `block.kind` names: a scripted agent of the benchmark, `http` or `jax`."""
+    """The policy `block.kind` names: a scripted agent of the benchmark, `http` (chat text),
+    `http_tokens` (token ids and logprobs from a vLLM-compatible `/v1/completions`, prompts
+    rendered with the tokenizer of `hf_dir`: an HF directory or a training workdir) or `jax`."""
     kind = block.kind
-    if kind == "http":
+    if kind in ("http", "http_tokens"):
         if not block.base_url or not block.model:
-            raise UserError("policy.kind=http needs --config.policy.base_url=... and --config.policy.model=...")
-        return HttpChatPolicy(block.base_url, block.model, api_key_env=block.api_key_env or None,
-                              timeout=float(block.timeout), max_retries=int(block.max_retries),
-                              backoff=float(block.backoff), max_backoff=float(block.max_backoff),
-                              max_reply_bytes=int(block.max_reply_bytes),
-                              max_reply_chars=int(block.max_reply_chars) or None,
-                              max_consecutive_failures=int(block.max_consecutive_failures))
+            raise UserError(f"policy.kind={kind} needs --config.policy.base_url=... and --config.policy.model=...")
+        options = dict(api_key_env=block.api_key_env or None, timeout=float(block.timeout),
+                       max_retries=int(block.max_retries), backoff=float(block.backoff),
+                       max_backoff=float(block.max_backoff), max_reply_bytes=int(block.max_reply_bytes),
+                       max_consecutive_failures=int(block.max_consecutive_failures))
+        if kind == "http":
+            return HttpChatPolicy(block.base_url, block.model, max_reply_chars=int(block.max_reply_chars) or None,
+                                  **options)
+        if not block.hf_dir:
+            raise UserError("policy.kind=http_tokens needs --config.policy.hf_dir=<HF dir or training workdir of the "
+                            "served model>: its tokenizer renders the prompts the server gets as token ids")
+        with user_input(f"policy.hf_dir={block.hf_dir!r}", HF_DIR_FIX):
+            _, _, tokenizer, _ = load_model(block.hf_dir, weights=False)
+        return HttpTokenPolicy(block.base_url, block.model, tokenizer, **options)
     if kind == "jax":
         if not block.checkpoint:
             raise UserError("policy.kind=jax needs --config.policy.checkpoint=<HF dir or training workdir>")
@@ -159,7 +292,7 @@ def make_policy(block, bench: Benchmark, seed: int):
     if kind in bench.agent_kinds:
         options = {"noise": dict(block.noise)} if kind == "scripted" else {}
         return bench.make_agent(kind, seed=seed, **options)
-    raise UserError(f"policy.kind={kind!r} is not one of {[*bench.agent_kinds, 'http', 'jax']}")
+    raise UserError(f"policy.kind={kind!r} is not one of {[*bench.agent_kinds, 'http', 'http_tokens', 'jax']}")
 
 
 def policy_unread(block, path: str = "policy") -> dict[str, str]:
@@ -229,5 +362,8 @@ def start_local_voters(config, workdir: str):
     if not kinds:
         return _NoVoters()
     hf_dir = str(paths.resolve(config.model.hf_dir)) if config.model.hf_dir else None
+    if "policy" in kinds and hf_dir and not is_hf_dir(pathlib.Path(hf_dir)):
+        raise UserError(f"router.local_voters 'policy' serves model.hf_dir as an HF directory, and "
+                        f"{config.model.hf_dir!r} is not one; export it first (run.py mode export, docs/models.md)")
     return _start_local_voters(kinds, workdir=workdir, policy_hf_dir=hf_dir, seed=config.seed,
                                timeout_s=config.router.local_timeout_s)

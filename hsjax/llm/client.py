@@ -1,8 +1,9 @@
-"""One OpenAI-compatible chat client for the project: the HTTP policy, the voters, the proposer.
+"""One OpenAI-compatible client for the project: the HTTP policies, the voters, the proposer.
 
-Built on the official `openai` SDK: it owns the wire format (`POST {base_url}/chat/completions`),
-returns typed `ChatCompletion` objects (later work reads token ids and logprobs from them) and
-sends server-specific fields such as vLLM's `top_k` through `extra_body`.
+Built on the official `openai` SDK: it owns the wire format (`POST {base_url}/chat/completions`;
+`complete_tokens`: `POST {base_url}/completions` with a token-id prompt, as vLLM takes it), returns
+typed `ChatCompletion`/`Completion` objects and sends server-specific fields such as vLLM's `top_k`
+and `return_token_ids` through `extra_body`.
 
 The SDK's own retries are off (`max_retries=0`) and the loop here retries instead. Why: callers
 need the number of attempts a reply took (voters report it); a server's `Retry-After` must be
@@ -23,7 +24,8 @@ Rules, per request:
   `(max_retries + 1) * timeout_s + max_retries * max_backoff_s` (every attempt times out and every
   wait is the capped Retry-After). The voters' decision deadline is derived from it.
 * A 200 whose body is not a chat completion with `choices[0].message.content` is malformed
-  (content null counts as ""); retried when `retry_malformed` (a sampling policy may do better
+  (content null counts as ""); so is a completion without `choices[0].token_ids` and one logprob
+  per id (`complete_tokens`). Retried when `retry_malformed` (a sampling policy may do better
   next time), failed at once when not (a deterministic voter would repeat itself).
 * The API key comes from the environment variable named by `api_key_env` (configs hold the name,
   never the key), read at every request so a rotated key is picked up, and is sent as
@@ -49,6 +51,7 @@ from typing import Any, Sequence
 
 import httpx2
 import openai
+from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from hsjax.infra import secrets
@@ -117,6 +120,20 @@ class ChatResult:
     response: ChatCompletion
 
 
+@dataclasses.dataclass
+class TokenResult:
+    """A completion of a token-id prompt: the generated ids, the logprob of each, per id the top
+    alternatives as (id, logprob) when asked for, the text, why it ended, the attempts it took."""
+
+    ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None
+    text: str
+    finish_reason: str
+    attempts: int
+    response: Completion
+
+
 @dataclasses.dataclass(frozen=True)
 class _Failure:
     """One failed attempt: why, the redacted detail, whether to retry, the server's Retry-After."""
@@ -177,10 +194,51 @@ def reply_content(response: Any) -> str:
     return content
 
 
+def _token_id(name: str) -> int:
+    """The id of a logprob entry named "token_id:<id>" (vLLM's `return_tokens_as_token_ids`)."""
+    prefix, _, number = str(name).partition(":")
+    if prefix != "token_id" or not number.lstrip("-").isdigit():
+        raise ValueError(f"a logprob entry is named {str(name)[:40]!r}, not 'token_id:<id>' (the server ignored "
+                         "return_tokens_as_token_ids)")
+    return int(number)
+
+
+def token_reply(response: Any, num_top: int = 0) -> tuple[list[int], list[float], list | None, str, str]:
+    """(ids, logprobs, top alternatives or None, text, finish_reason) of a completion asked with
+    `return_token_ids`, `return_tokens_as_token_ids` and `logprobs=num_top`; ValueError naming what
+    is missing (a server that is not vLLM-compatible leaves `token_ids` out)."""
+    if not isinstance(response, Completion):
+        raise ValueError(f"not a completion but a {type(response).__name__}")
+    if not isinstance(response.choices, list) or not response.choices:
+        raise ValueError("no choices[0] in the reply")
+    choice = response.choices[0]
+    if not isinstance(ids := getattr(choice, "token_ids", None), list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError("choices[0] has no token_ids list: the server does not return token ids (vLLM >= 0.10.2 "
+                         "or hsjax serve return them for return_token_ids=true)")
+    logprobs = getattr(entries := getattr(choice, "logprobs", None), "token_logprobs", None)
+    if not isinstance(logprobs, list) or len(logprobs) != len(ids) or not all(
+            isinstance(x, (int, float)) and math.isfinite(x) for x in logprobs):
+        raise ValueError(f"choices[0].logprobs.token_logprobs is not one finite logprob per generated id "
+                         f"({len(ids)} ids)")
+    top = None
+    if num_top:
+        tops, names = getattr(entries, "top_logprobs", None), getattr(entries, "tokens", None)
+        if not isinstance(tops, list) or len(tops) != len(ids) or not isinstance(names, list):
+            raise ValueError("choices[0].logprobs.top_logprobs is not one entry per generated id")
+        if [_token_id(n) for n in names] != ids:
+            raise ValueError("choices[0].logprobs.tokens do not name the token_ids")
+        top = [sorted(((_token_id(k), float(v)) for k, v in (t or {}).items()), key=lambda kv: -kv[1])[:num_top]
+               for t in tops]
+    if choice.finish_reason not in ("stop", "length"):
+        raise ValueError(f"choices[0].finish_reason is {choice.finish_reason!r}, not 'stop' or 'length'")
+    return [int(t) for t in ids], [float(x) for x in logprobs], top, choice.text or "", choice.finish_reason
+
+
 def _as_text(response: Any) -> str:
     """A parsed reply back as text, for error messages (the SDK hands back a model or, for a
     non-JSON body, the text itself)."""
-    if isinstance(response, ChatCompletion):
+    if isinstance(response, (ChatCompletion, Completion)):
         return response.to_json(indent=None, warnings=False)  # no warnings about ill-typed fields
     return str(response)
 
@@ -255,6 +313,33 @@ class ChatClient:
                        top_p=_omit_none(top_p), max_tokens=_omit_none(max_tokens), seed=_omit_none(seed),
                        stop=list(stop) if stop else openai.omit, extra_body=extra_body or None,
                        extra_headers=self._headers(key))
+        (text, response), attempts = self._with_retries(self._sdk.chat.completions.create, request, key,
+                                                        lambda r: (redact(reply_content(r), key), r))
+        return ChatResult(text=text, attempts=attempts, response=response)
+
+    def complete_tokens(self, prompt_ids: Sequence[int], *, temperature: float | None = None,
+                        top_p: float | None = None, max_tokens: int | None = None, seed: int | None = None,
+                        stop: Sequence[str] | None = None, top_logprobs: int = 0,
+                        extra_body: dict | None = None) -> TokenResult:
+        """One completion of a token-id prompt (`POST {base_url}/completions`, `prompt` a list of
+        ids), asking for the generated ids and their logprobs as vLLM gives them
+        (`return_token_ids`, `logprobs=top_logprobs`, `return_tokens_as_token_ids`); retries as
+        `complete`. `extra_body` is merged into the JSON body last."""
+        s = self.settings
+        key = self.api_key()
+        body = {"return_token_ids": True, "return_tokens_as_token_ids": True, **(extra_body or {})}
+        request = dict(model=s.model, prompt=[int(t) for t in prompt_ids], temperature=_omit_none(temperature),
+                       top_p=_omit_none(top_p), max_tokens=_omit_none(max_tokens), seed=_omit_none(seed),
+                       stop=list(stop) if stop else openai.omit, logprobs=int(top_logprobs), extra_body=body,
+                       extra_headers=self._headers(key))
+        (reply, response), attempts = self._with_retries(self._sdk.completions.create, request, key,
+                                                         lambda r: (token_reply(r, top_logprobs), r))
+        ids, logprobs, top, text, finish = reply
+        return TokenResult(ids, logprobs, top, redact(text, key), finish, attempts, response)
+
+    def _with_retries(self, call, request: dict, key: str | None, parse):
+        """(parse(response), attempts) of the first attempt that succeeds; `LLMError` otherwise."""
+        s = self.settings
         attempts = s.max_retries + 1
         failure = None
         for attempt in range(1, attempts + 1):
@@ -263,22 +348,21 @@ class ChatClient:
                 log.warning("%s %s: %s; retry %d/%d in %.2fs", self.label, s.base_url, failure.detail,
                             attempt - 1, s.max_retries, delay)
                 time.sleep(delay)
-            outcome = self._attempt(request, key)
-            if isinstance(outcome, tuple):
-                text, response = outcome
-                return ChatResult(text=text, attempts=attempt, response=response)
+            outcome = self._attempt(call, request, key, parse)
+            if not isinstance(outcome, _Failure):
+                return outcome, attempt
             failure = outcome
             if not failure.retryable:
                 raise LLMError(failure.reason, failure.detail, attempt) from None
         raise LLMError(failure.reason, f"gave up after {attempts} attempts; last error: {failure.detail}",
                        attempts) from None
 
-    def _attempt(self, request: dict, key: str | None) -> tuple[str, ChatCompletion] | _Failure:
-        """One HTTP request: (text, response) or the failure, classified."""
+    def _attempt(self, call, request: dict, key: str | None, parse):
+        """One HTTP request: parse(response), or the failure, classified."""
         s = self.settings
         try:
             with self._transport.deadline(time.monotonic() + s.timeout_s):
-                response = self._sdk.chat.completions.create(**request)
+                response = call(**request)
         except openai.APITimeoutError:  # before APIConnectionError, its base class
             return _Failure("timeout", f"timed out after {s.timeout_s}s", True)
         except openai.APIConnectionError as e:
@@ -291,7 +375,7 @@ class ChatClient:
         except (openai.APIResponseValidationError, ValueError) as e:  # ValueError: JSON, pydantic
             return self._malformed(f"{type(e).__name__}: {e}", key)
         try:
-            return redact(reply_content(response), key), response
+            return parse(response)
         except ValueError as e:
             return self._malformed(f"{e}; body starts {quote(_as_text(response), key)}", key)
 

@@ -1,11 +1,23 @@
-"""The OpenAI chat-completions wire format as the server speaks it: request validation into
-`SamplingParams`, the response body, and errors in OpenAI's shape
-(`{"error": {"message", "type", "param", "code"}}`)."""
+"""The OpenAI wire format as the server speaks it: request validation and errors in OpenAI's shape
+(`{"error": {"message", "type", "param", "code"}}`); `hsjax.llm.openai_replies` builds the replies.
+
+Two endpoints: chat completions (`messages`) and completions (`prompt`: a string, a list of token
+ids, or a list of either). Besides OpenAI's fields the server takes vLLM's extensions that a
+token-exact client needs: `top_k`, `return_token_ids` (the reply carries `prompt_token_ids` and
+each choice its `token_ids`, as vLLM >= 0.10.2 names them) and `return_tokens_as_token_ids`
+(logprob entries name tokens as "token_id:<id>"). A field the server does not act on is refused
+with a 400 naming it (`tools`, `response_format`, penalties, ...), never silently ignored; a few
+are accepted at the value that changes nothing (`NEUTRAL`), and `user` and `metadata` are accepted
+and ignored (they only label a request).
+
+Token ids and logprobs: a choice's `token_ids` are every generated id, the end-of-turn id and the
+ids of a stop string included (what the policy sampled, and what a trainer needs), while its text
+leaves both out. Each logprob is the sampler's: `log_softmax(logits / T)` at the request's
+temperature (1 when greedy), before top-k/top-p truncation (hsjax/rollout/sampler.py).
+"""
 from __future__ import annotations
 
 import dataclasses
-import time
-import uuid
 
 from hsjax.rollout.policy import SamplingParams
 
@@ -14,6 +26,24 @@ ROLES = ("system", "user", "assistant")
 # length in tokens, in powers of two), which blocks the only worker: both are bounded.
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 64
+MAX_TOP_LOGPROBS = 20  # as OpenAI (and vLLM's default max_logprobs)
+# A logprob that is not finite is sent as this (JSON has no -inf), as vLLM does.
+FLOOR_LOGPROB = -9999.0
+
+SAMPLING_FIELDS = ("model", "temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "n", "stream",
+                   "stream_options", "return_token_ids", "return_tokens_as_token_ids")
+CHAT_FIELDS = (*SAMPLING_FIELDS, "messages", "max_completion_tokens", "logprobs", "top_logprobs")
+COMPLETION_FIELDS = (*SAMPLING_FIELDS, "prompt", "logprobs", "best_of")
+IGNORED_FIELDS = ("user", "metadata")
+# Fields accepted only at a value that changes nothing (None always passes).
+NEUTRAL = {
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+    "min_p": (0, 0.0), "logit_bias": ({},), "tool_choice": ("none",), "tools": ([],), "functions": ([],),
+    "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},), "store": (False,),
+    "echo": (False,), "suffix": ("",), "min_tokens": (0,), "ignore_eos": (False,),
+    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,), "add_generation_prompt": (True,),
+    "continue_final_message": (False,), "modalities": (["text"],),
+}
 
 
 class APIError(Exception):
@@ -39,9 +69,33 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 @dataclasses.dataclass(frozen=True)
-class ChatRequest:
-    messages: list[dict]
+class GenerateRequest:
+    """A validated request of either endpoint.
+
+    `messages` (chat) or `prompts` (completions: token-id lists, or strings the worker tokenizes);
+    `n` choices per prompt; `logprobs` asks for per-token logprobs and `sampling.top_logprobs` for
+    that many alternatives; `return_token_ids` and `tokens_as_ids` are vLLM's extensions."""
+
+    kind: str  # "chat" | "completion"
     sampling: SamplingParams
+    messages: list[dict] | None = None
+    prompts: tuple[str | tuple[int, ...], ...] | None = None
+    n: int = 1
+    logprobs: bool = False
+    return_token_ids: bool = False
+    tokens_as_ids: bool = False
+    stream: bool = False
+    include_usage: bool = False
+
+    @property
+    def rows(self) -> int:
+        """Sequences one generate call samples for it: its prompts times n."""
+        return (len(self.prompts) if self.prompts is not None else 1) * self.n
+
+    @property
+    def needs_ids(self) -> bool:
+        """Whether only a token policy (ids in, ids out) can answer it."""
+        return self.kind == "completion" or self.logprobs or self.return_token_ids
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -62,6 +116,15 @@ def _int(body: dict, name: str, default: int, lo: int, hi: int) -> int:
     return value
 
 
+def _bool(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be true or false, got {value!r}", name)
+    return value
+
+
 def _content(message: dict, i: int) -> str:
     content = message.get("content")
     if isinstance(content, str):
@@ -71,7 +134,7 @@ def _content(message: dict, i: int) -> str:
                                          and isinstance(p.get("text"), str) for p in content):
         return "".join(p["text"] for p in content)
     raise bad_request(f"messages[{i}].content must be a string or a list of text parts, got "
-               f"{type(content).__name__}", f"messages[{i}].content")
+                      f"{type(content).__name__}", f"messages[{i}].content")
 
 
 def parse_messages(messages) -> list[dict]:
@@ -86,38 +149,50 @@ def parse_messages(messages) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise bad_request(f"messages[{i}].role={role!r} is not one of {list(ROLES)}",
-                       f"messages[{i}].role")
+                              f"messages[{i}].role")
+        extra = sorted(set(m) - {"role", "content", "name"})
+        if extra:
+            raise bad_request(f"messages[{i}] has {extra}: this server renders only role and content (no tool "
+                              "calls or tool messages)", f"messages[{i}].{extra[0]}")
         out.append({"role": role, "content": _content(m, i)})
     return out
 
 
-def parse_chat_request(body, *, model_name: str, default_max_tokens: int, max_tokens_limit: int,
-                       max_stop_strings: int = MAX_STOP_STRINGS, max_stop_chars: int = MAX_STOP_CHARS) -> ChatRequest:
-    """Validates a chat-completions body; raises `APIError` naming the offending field.
+def check_fields(body: dict, accepted: tuple[str, ...]) -> None:
+    """400 for a field this endpoint does not act on (at a value that would change the reply)."""
+    for name, value in body.items():
+        if name in accepted or name in IGNORED_FIELDS or value is None:
+            continue
+        if name in NEUTRAL:
+            if any(type(value) is type(v) and value == v for v in NEUTRAL[name]):
+                continue
+            raise bad_request(f"'{name}'={str(value)[:100]} is not supported by this server: it would change the "
+                              f"reply and the server does not implement it; leave it out (neutral values: "
+                              f"{list(NEUTRAL[name])})", name, "unsupported_parameter")
+        raise bad_request(f"'{name}' is not supported by this server; it takes {sorted(accepted)} (and "
+                          f"{sorted(IGNORED_FIELDS)}, ignored)", name, "unsupported_parameter")
 
-    Temperature 0 means greedy decoding. `max_tokens` (or `max_completion_tokens`) defaults to
-    `default_max_tokens`. `stop` holds at most `max_stop_strings` strings of at most `max_stop_chars`
-    characters each. Fields this server does not act on (penalties, logprobs, user, ...) are
-    ignored, as OpenAI-compatible servers commonly do.
-    """
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+
+def _parse_sampling(body: dict, *, model_name: str, default_max_tokens: int, max_tokens_limit: int,
+                    max_stop_strings: int, max_stop_chars: int, max_rows: int, prompts: int,
+                    top_logprobs: int) -> tuple[SamplingParams, int]:
     model = body.get("model")
     if model is not None and model != model_name:
         raise APIError(404, f"model {model!r} is not served here; this server serves {model_name!r}",
                        param="model", code="model_not_found")
-    messages = parse_messages(body.get("messages"))
-    if body.get("stream"):
-        raise bad_request("stream=true is not supported; send stream=false or omit it", "stream")
     n = _int(body, "n", 1, 1, 1 << 30)
-    if n != 1:
-        raise bad_request(f"n={n} is not supported: this server returns one choice per request; send n=1 "
-                   "or repeat the request", "n")
+    if prompts * n > max_rows:
+        raise bad_request(f"{prompts} prompts x n={n} choices is more than the {max_rows} sequences this server "
+                          "samples at once (serve.max_batch); send fewer", "n")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n and best_of != 1:
+        raise bad_request(f"best_of={best_of!r} is not supported; leave it out (or equal to n)", "best_of",
+                          "unsupported_parameter")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
         raise bad_request("top_p must be > 0; use temperature=0 for greedy decoding", "top_p")
-    top_k = _int(body, "top_k", 0, 0, 1 << 30)
+    top_k = _int(body, "top_k", 0, -1, 1 << 30)  # -1: off, as vLLM
     max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _int(body, max_key, default_max_tokens, 1, max_tokens_limit)
     seed = _int(body, "seed", 0, -(1 << 63), (1 << 63) - 1)
@@ -136,36 +211,99 @@ def parse_chat_request(body, *, model_name: str, default_max_tokens: int, max_to
     greedy = temperature == 0.0
     if greedy:  # settings that do not change a greedy reply, normalized so greedy requests batch
         temperature, top_p, top_k, seed = 1.0, 1.0, 0, 0
-    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                              max_new_tokens=max_tokens, stop_strings=tuple(stop),
-                              seed=seed % (1 << 32))
-    return ChatRequest(messages, sampling)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), greedy=greedy,
+                              max_new_tokens=max_tokens, stop_strings=tuple(stop), seed=seed % (1 << 32),
+                              top_logprobs=top_logprobs)
+    return sampling, n
+
+
+def _stream_options(body: dict) -> tuple[bool, bool]:
+    stream = _bool(body, "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise bad_request("'stream_options' is only for stream=true", "stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+        raise bad_request(f"'stream_options' takes {{include_usage}}, got {str(options)[:100]}", "stream_options")
+    if options.get("continuous_usage_stats"):
+        raise bad_request("stream_options.continuous_usage_stats is not supported", "stream_options")
+    return stream, bool(options.get("include_usage"))
+
+
+def parse_chat_request(body, *, model_name: str, default_max_tokens: int, max_tokens_limit: int,
+                       max_stop_strings: int = MAX_STOP_STRINGS, max_stop_chars: int = MAX_STOP_CHARS,
+                       max_rows: int = 8) -> GenerateRequest:
+    """Validates a chat-completions body; raises `APIError` naming the offending field.
+
+    Temperature 0 means greedy decoding. `max_tokens` (or `max_completion_tokens`) defaults to
+    `default_max_tokens`. `stop` holds at most `max_stop_strings` strings of at most `max_stop_chars`
+    characters each. `n` choices (at most `max_rows`); `logprobs` true with `top_logprobs` 0-20.
+    """
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    check_fields(body, CHAT_FIELDS)
+    messages = parse_messages(body.get("messages"))
+    logprobs = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    if top and not logprobs:
+        raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+    sampling, n = _parse_sampling(body, model_name=model_name, default_max_tokens=default_max_tokens,
+                                  max_tokens_limit=max_tokens_limit, max_stop_strings=max_stop_strings,
+                                  max_stop_chars=max_stop_chars, max_rows=max_rows, prompts=1, top_logprobs=top)
+    stream, usage = _stream_options(body)
+    return GenerateRequest("chat", sampling, messages=messages, n=n, logprobs=logprobs,
+                           return_token_ids=_bool(body, "return_token_ids"),
+                           tokens_as_ids=_bool(body, "return_tokens_as_token_ids"), stream=stream,
+                           include_usage=usage)
+
+
+def _parse_prompts(prompt) -> tuple[str | tuple[int, ...], ...]:
+    """`prompt` as a tuple of prompts: a string, a list of token ids, or a list of either."""
+    def token_list(value) -> bool:
+        return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+    if isinstance(prompt, str) or token_list(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or token_list(p) for p in prompt):
+        prompts = prompt
+    else:
+        raise bad_request("'prompt' must be a string, a list of token ids, or a non-empty list of either",
+                          "prompt")
+    for i, p in enumerate(prompts):
+        if not p:
+            raise bad_request(f"prompt {i} is empty; every prompt needs at least one token", "prompt")
+    return tuple(p if isinstance(p, str) else tuple(p) for p in prompts)
+
+
+def parse_completion_request(body, *, model_name: str, default_max_tokens: int, max_tokens_limit: int,
+                             max_stop_strings: int = MAX_STOP_STRINGS, max_stop_chars: int = MAX_STOP_CHARS,
+                             max_rows: int = 8) -> GenerateRequest:
+    """Validates a completions body (`prompt` and the sampling fields; `logprobs` an integer 0-20,
+    the number of alternatives per token, as OpenAI's legacy endpoint)."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    check_fields(body, COMPLETION_FIELDS)
+    if body.get("prompt") is None:
+        raise bad_request("'prompt' is required: a string or a list of token ids", "prompt")
+    prompts = _parse_prompts(body["prompt"])
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise bad_request(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] (the alternatives per token), "
+                          f"got {logprobs!r}", "logprobs")
+    sampling, n = _parse_sampling(body, model_name=model_name, default_max_tokens=default_max_tokens,
+                                  max_tokens_limit=max_tokens_limit, max_stop_strings=max_stop_strings,
+                                  max_stop_chars=max_stop_chars, max_rows=max_rows, prompts=len(prompts),
+                                  top_logprobs=logprobs or 0)
+    stream, usage = _stream_options(body)
+    return GenerateRequest("completion", sampling, prompts=prompts, n=n, logprobs=logprobs is not None,
+                           return_token_ids=_bool(body, "return_token_ids"),
+                           tokens_as_ids=_bool(body, "return_tokens_as_token_ids"), stream=stream,
+                           include_usage=usage)
 
 
 def cut_at_stop(text: str, stop_strings) -> str:
     """The text before the first stop string (OpenAI leaves the stop string out of the reply)."""
     cuts = [i for i in (text.find(s) for s in stop_strings) if i >= 0]
     return text[:min(cuts)] if cuts else text
-
-
-
-@dataclasses.dataclass
-class Reply:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str
-
-
-def completion_body(reply: Reply, model_name: str) -> dict:
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.text},
-                     "logprobs": None, "finish_reason": reply.finish_reason}],
-        "usage": {"prompt_tokens": reply.prompt_tokens,
-                  "completion_tokens": reply.completion_tokens,
-                  "total_tokens": reply.prompt_tokens + reply.completion_tokens},
-    }

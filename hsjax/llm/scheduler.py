@@ -1,11 +1,12 @@
 """The serve worker: one thread owns the policy and its tokenizer, and batches queued requests.
 
 The HTTP handlers (hsjax/llm/server.py) only validate and `submit`. The worker takes the first
-waiting request, collects more for up to `batch_window_s` or until `max_batch` are in hand, groups
-them by identical `SamplingParams` and makes one `policy.generate` call per group. Grouping, rather
-than per-row settings, keeps each request's draw under the policy's own key schedule; the clients
-that matter here (voters, the HTTP policy in rollouts) send identical settings, so they batch fully.
-See docs/harness_s.md.
+waiting request, collects more for up to `batch_window_s` or until `max_batch` sequences are in hand
+(a request asks for its prompts times `n` of them; one that would pass the bound waits for the next
+call), groups them by identical `SamplingParams` and makes one `policy.generate` call per group,
+the `n` choices of a prompt as `n` rows. Grouping, rather than per-row settings, keeps each
+request's draw under the policy's own key schedule; the clients that matter here (voters, the HTTP
+policies in rollouts) send identical settings, so they batch fully. See docs/harness_s.md.
 
 Bounds: with `max_queue` requests waiting, `submit` answers 429 with `Retry-After` (estimated from
 the recent generate calls). A request whose client has left (`abandon`) is dropped before its
@@ -20,7 +21,8 @@ import queue
 import threading
 import time
 
-from hsjax.llm.openai_api import APIError, ChatRequest, Reply, bad_request, cut_at_stop
+from hsjax.llm.openai_api import APIError, GenerateRequest, bad_request, cut_at_stop
+from hsjax.llm.openai_replies import Choice, Reply
 from hsjax.rollout.policy import SamplingParams, is_token_policy, render_prompt
 
 log = logging.getLogger(__name__)
@@ -32,9 +34,9 @@ MAX_QUEUE = 64  # requests waiting for the worker; more are a 429
 class QueuedRequest:
     """A submitted request: its handler awaits `future`; `abandoned` once its client has left."""
 
-    request: ChatRequest
+    request: GenerateRequest
     future: concurrent.futures.Future
-    prompt_ids: list[int] | None = None
+    prompt_ids: list[list[int]] | None = None  # one per prompt, once rendered (token policies)
     abandoned: bool = False
     waiting: bool = True  # counted among the requests waiting for the worker
 
@@ -43,9 +45,10 @@ class BatchScheduler:
     """Owns the policy: a worker thread batches queued requests into `generate` (or `chat`) calls.
 
     `policy` is a token policy (`generate` + a tokenizer with a chat template) or a chat policy
-    (`chat`). `max_context` bounds prompt + max_tokens (None: no bound); with `max_queue` requests
-    waiting, `submit` answers 429. Counters: `requests`, `generate_calls`, `largest_batch`,
-    `dropped` (requests abandoned by their clients before generation).
+    (`chat`: chat requests without token ids or logprobs only). `max_context` bounds prompt +
+    max_tokens (None: no bound); with `max_queue` requests waiting, `submit` answers 429. Counters:
+    `requests`, `generate_calls`, `largest_batch` (sequences in one call), `dropped` (requests
+    abandoned by their clients before generation).
     """
 
     def __init__(self, policy, *, tokenizer=None, max_batch: int = 8, batch_window_s: float = 0.01,
@@ -68,6 +71,7 @@ class BatchScheduler:
         self._waiting, self._call_s = 0, 1.0  # requests in the queue; seconds per generate call (EMA)
         self._lock = threading.Lock()
         self._queue: queue.Queue[QueuedRequest | None] = queue.Queue()
+        self._held: QueuedRequest | None = None  # taken from the queue, waits for the next call
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -85,18 +89,24 @@ class BatchScheduler:
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout)
+        left, self._held = [self._held], None
         while True:  # whatever is left never gets an answer
             try:
-                job = self._queue.get_nowait()
+                left.append(self._queue.get_nowait())
             except queue.Empty:
                 break
+        for job in left:
             if job is not None and job.future.set_running_or_notify_cancel():
                 job.future.set_exception(APIError(503, "the server is shutting down",
                                                   type_="server_error"))
 
-    def submit(self, request: ChatRequest) -> QueuedRequest:
+    def submit(self, request: GenerateRequest) -> QueuedRequest:
         if self._closed or not self.alive:
             raise APIError(503, "the generation worker is not running", type_="server_error")
+        if request.needs_ids and not self.token_policy:
+            raise bad_request(f"this server's policy ({type(self.policy).__name__}) answers chat messages with text "
+                              "only: it has no token ids or logprobs and no /v1/completions; send a chat request "
+                              "without logprobs and return_token_ids")
         with self._lock:
             if self._waiting >= self.max_queue:
                 retry_s = min(60, max(1, round(self._call_s * (self._waiting / self.max_batch + 1))))
@@ -125,8 +135,10 @@ class BatchScheduler:
                 job.waiting, self._waiting = False, self._waiting - 1
 
     def _collect(self, first: QueuedRequest) -> list[QueuedRequest]:
-        jobs, deadline = [first], time.monotonic() + self.batch_window_s
-        while len(jobs) < self.max_batch:
+        """`first` and the requests that arrive within the batch window, up to `max_batch` rows; a
+        request that would pass the bound is held for the next call."""
+        jobs, rows, deadline = [first], first.request.rows, time.monotonic() + self.batch_window_s
+        while rows < self.max_batch:
             try:
                 job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
@@ -134,7 +146,11 @@ class BatchScheduler:
             if job is None:
                 self._queue.put(None)
                 break
+            if rows + job.request.rows > self.max_batch:
+                self._held = job
+                break
             jobs.append(job)
+            rows += job.request.rows
         for job in jobs:
             self._taken(job)
         return jobs
@@ -150,7 +166,7 @@ class BatchScheduler:
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
+            first, self._held = (self._held, None) if self._held is not None else (self._queue.get(), None)
             if first is None:
                 return
             taken = self._collect(first)
@@ -175,31 +191,53 @@ class BatchScheduler:
                     job.future.set_result(reply)
 
     def _prepare(self, job: QueuedRequest) -> bool:
-        """Renders the prompt and checks its length; on failure answers the job and says False."""
+        """Renders or tokenizes the prompts and checks their ids and length; on failure answers the
+        job and says False."""
         req = job.request
         try:
-            if self.tokenizer is not None:
-                try:
-                    job.prompt_ids = render_prompt(self.tokenizer, req.messages)
-                except Exception as e:
-                    raise bad_request(f"the chat template could not render these messages: "
-                               f"{type(e).__name__}: {e}", "messages") from None
-            if self.max_context is not None and job.prompt_ids is not None:
-                total = len(job.prompt_ids) + req.sampling.max_new_tokens
-                if total > self.max_context:
-                    raise bad_request(f"the prompt has {len(job.prompt_ids)} tokens and max_tokens is "
-                               f"{req.sampling.max_new_tokens}: {total} > the context limit "
-                               f"{self.max_context}; shorten the messages or lower max_tokens",
-                               "messages", "context_length_exceeded")
+            if self.token_policy:
+                job.prompt_ids = self._prompt_ids(req)
+            elif req.messages is not None and self.tokenizer is not None:
+                job.prompt_ids = [self._render(req.messages)]
+            for ids in job.prompt_ids or ():
+                total = len(ids) + req.sampling.max_new_tokens
+                if self.max_context is not None and total > self.max_context:
+                    raise bad_request(f"the prompt has {len(ids)} tokens and max_tokens is "
+                                      f"{req.sampling.max_new_tokens}: {total} > the context limit "
+                                      f"{self.max_context}; shorten the prompt or lower max_tokens",
+                                      "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
         except APIError as e:
             job.future.set_exception(e)
             return False
         return True
 
+    def _render(self, messages: list[dict]) -> list[int]:
+        try:
+            return render_prompt(self.tokenizer, messages)
+        except Exception as e:
+            raise bad_request(f"the chat template could not render these messages: {type(e).__name__}: {e}",
+                              "messages") from None
+
+    def _prompt_ids(self, req: GenerateRequest) -> list[list[int]]:
+        if req.kind == "chat":
+            return [self._render(req.messages)]
+        vocab = len(self.tokenizer)
+        out = []
+        for i, prompt in enumerate(req.prompts):
+            # A text prompt is tokenized as vLLM does by default (special tokens such as BOS added).
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise bad_request(f"prompt {i} holds token id {bad[0]}, outside the vocabulary [0, {vocab})", "prompt")
+            if not ids:
+                raise bad_request(f"prompt {i} tokenizes to nothing", "prompt")
+            out.append(ids)
+        return out
+
     def _generate(self, group: list[QueuedRequest], sampling: SamplingParams) -> list[Reply]:
         self.requests += len(group)
         self.generate_calls += 1
-        self.largest_batch = max(self.largest_batch, len(group))
+        self.largest_batch = max(self.largest_batch, sum(j.request.rows for j in group))
         start = time.monotonic()
         try:
             return self._replies(group, sampling)
@@ -207,23 +245,38 @@ class BatchScheduler:
             self._call_s = 0.8 * self._call_s + 0.2 * (time.monotonic() - start)
 
     def _replies(self, group: list[QueuedRequest], sampling: SamplingParams) -> list[Reply]:
+        """One generate (or chat) call for the group: each job's prompts, each `n` times, as rows."""
         if self.token_policy:
-            gens = self.policy.generate([j.prompt_ids for j in group], sampling)
+            rows = [ids for j in group for ids in j.prompt_ids for _ in range(j.request.n)]
+            gens = iter(self.policy.generate(rows, sampling))
             replies = []
-            for job, g in zip(group, gens):
-                text = g.text if g.text is not None else self.tokenizer.decode(
-                    g.ids, skip_special_tokens=True)
-                replies.append(Reply(text, len(job.prompt_ids), len(g.ids), g.finish_reason))
-        else:
-            texts = self.policy.chat([j.request.messages for j in group], sampling)
-            replies = [Reply(t, len(j.prompt_ids or ()), self._count(t), "stop")
-                       for j, t in zip(group, texts)]
-        for r in replies:
-            if sampling.stop_strings:
-                cut = cut_at_stop(r.text, sampling.stop_strings)
-                if cut != r.text:
-                    r.text, r.finish_reason = cut, "stop"
+            for job in group:
+                choices = [self._choice(next(gens), sampling) for _ in range(job.request.rows)]
+                replies.append(Reply(job.prompt_ids, choices, sum(len(c.ids) for c in choices)))
+            return replies
+        contexts = [j.request.messages for j in group for _ in range(j.request.n)]
+        texts = iter(self.policy.chat(contexts, sampling))
+        replies = []
+        for job in group:
+            choices = [Choice(*self._cut(next(texts), "stop", sampling)) for _ in range(job.request.n)]
+            replies.append(Reply([(job.prompt_ids or [None])[0]], choices, sum(self._count(c.text) for c in choices)))
         return replies
+
+    def _choice(self, g, sampling: SamplingParams) -> Choice:
+        if sampling.top_logprobs and g.top_logprobs is None:
+            raise APIError(400, f"this server's policy ({type(self.policy).__name__}) reports no top_logprobs; "
+                                "send top_logprobs=0 (logprobs=0 on /v1/completions)", param="top_logprobs")
+        text = g.text if g.text is not None else self.tokenizer.decode(g.ids, skip_special_tokens=True)
+        text, reason = self._cut(text, g.finish_reason, sampling)
+        return Choice(text, reason, [int(i) for i in g.ids], [float(x) for x in g.logprobs], g.top_logprobs)
+
+    @staticmethod
+    def _cut(text: str, reason: str, sampling: SamplingParams) -> tuple[str, str]:
+        if sampling.stop_strings:
+            cut = cut_at_stop(text, sampling.stop_strings)
+            if cut != text:
+                return cut, "stop"
+        return text, reason
 
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if self.tokenizer else 0

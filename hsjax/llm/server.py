@@ -1,11 +1,17 @@
-"""An OpenAI-compatible chat-completions server of a policy (run by `hsjax/modes/serve.py`, and
-in-process by the local voters and the tests through `BackgroundServer`).
+"""An OpenAI-compatible server of a policy (run by `hsjax/modes/serve.py`, and in-process by the
+local voters and the tests through `BackgroundServer`).
 
-Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`. Errors use OpenAI's shape,
-`{"error": {"message", "type", "param", "code"}}`: 400 for a bad request (also more than
+Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`. The
+wire format, with vLLM's token-id extensions, per-token logprobs, `n` and streaming, is
+`hsjax.llm.openai_api`'s. Errors use OpenAI's shape, `{"error": {"message", "type", "param",
+"code"}}`: 400 for a bad request (also a field the server does not implement, more than
 `max_stop_strings` stop strings, or one longer than `max_stop_chars`), 401 for a missing or wrong
 key, 404 for an unknown model or route, 429 with `Retry-After` when `max_queue` requests already
 wait, 500 when generation fails.
+
+A streamed reply (`stream: true`) is sent as server-sent events (`data: {chunk}` lines, then
+`data: [DONE]`) once its generation has finished: the sampler runs a whole reply in one compiled
+loop, so the chunks carry the same tokens as the non-streamed reply, not earlier ones.
 
 One worker thread owns the policy (`hsjax.llm.scheduler.BatchScheduler`): the handlers only
 validate and enqueue, then wait for the reply or for the client to disconnect, whichever comes
@@ -25,11 +31,12 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hsjax.llm.openai_api import (MAX_STOP_CHARS, MAX_STOP_STRINGS, APIError, Reply, bad_request, completion_body,
-                                  parse_chat_request)
+from hsjax.llm.openai_api import (MAX_STOP_CHARS, MAX_STOP_STRINGS, APIError, bad_request, parse_chat_request,
+                                  parse_completion_request)
+from hsjax.llm.openai_replies import Reply, TokenText, response_body, stream_chunks
 from hsjax.llm.scheduler import MAX_QUEUE, BatchScheduler, QueuedRequest
 
 log = logging.getLogger(__name__)
@@ -74,7 +81,8 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
     `api_key_env`, `/v1/*` requires `Authorization: Bearer <value of that variable>` (read once,
     here; never logged); `/health` stays open. The scheduler is `app.state.scheduler`; it runs
     while the app's lifespan does. `max_queue` requests may wait (then 429); a request may carry at
-    most `max_stop_strings` stop strings of at most `max_stop_chars` characters (else 400).
+    most `max_stop_strings` stop strings of at most `max_stop_chars` characters (else 400). A
+    request samples at most `max_batch` sequences (its prompts times `n`).
     """
     if max_context is None:
         max_context = getattr(getattr(policy, "cfg", None), "max_position_embeddings", None)
@@ -99,6 +107,10 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
     app.state.scheduler = scheduler
     app.state.model_name = model_name
     started = int(time.time())
+    tokens = TokenText(scheduler.tokenizer) if scheduler.tokenizer is not None else None
+    limits = dict(model_name=model_name, default_max_tokens=min(default_max_tokens, max_tokens_limit),
+                  max_tokens_limit=max_tokens_limit, max_stop_strings=max_stop_strings,
+                  max_stop_chars=max_stop_chars, max_rows=max_batch)
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -145,20 +157,16 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
         return {"object": "list", "data": [{"id": model_name, "object": "model",
                                             "created": started, "owned_by": "hsjax"}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
+    async def generate(request: Request, parse):
         authorize(request)
         try:
             body = json.loads(await request.body())
         except (ValueError, UnicodeDecodeError) as e:
             raise bad_request(f"the request body is not valid JSON: {e}") from None
-        chat = parse_chat_request(body, model_name=model_name,
-                                  default_max_tokens=min(default_max_tokens, max_tokens_limit),
-                                  max_tokens_limit=max_tokens_limit, max_stop_strings=max_stop_strings,
-                                  max_stop_chars=max_stop_chars)
+        parsed = parse(body, **limits)
         start = time.monotonic()
         try:
-            reply = await _reply_or_none(request, scheduler, scheduler.submit(chat))
+            reply = await _reply_or_none(request, scheduler, scheduler.submit(parsed))
         except APIError:
             raise
         except Exception as e:
@@ -167,11 +175,29 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
         if reply is None:
             log.info("serve: the client left after %.3fs, before its reply; dropped", time.monotonic() - start)
             return Response(status_code=499)  # nobody reads it
-        log.info("serve: %d prompt + %d completion tokens in %.3fs (%s)", reply.prompt_tokens,
-                 reply.completion_tokens, time.monotonic() - start, reply.finish_reason)
-        return completion_body(reply, model_name)
+        log.info("serve: %s, %d prompt + %d completion tokens in %.3fs (%s)", parsed.kind, reply.prompt_tokens,
+                 reply.completion_tokens, time.monotonic() - start, ",".join(c.finish_reason for c in reply.choices))
+        if parsed.stream:
+            return StreamingResponse(_sse(stream_chunks(parsed, reply, model_name, tokens)),
+                                     media_type="text/event-stream")
+        return response_body(parsed, reply, model_name, tokens)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, parse_chat_request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, parse_completion_request)
 
     return app
+
+
+def _sse(chunks):
+    """Server-sent events: one `data:` line per chunk, then `data: [DONE]`."""
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 # ---------------------------------------------------------------------------------------------

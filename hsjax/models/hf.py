@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import stat
 from typing import Callable
 
 import jax
@@ -19,6 +20,7 @@ from safetensors.numpy import save_file
 
 from hsjax.models.config import ModelConfig
 from hsjax.models.model import _layer_shapes
+from hsjax.models.tokenizer import eos_ids, write_hf_tokenizer
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -213,22 +215,42 @@ def params_to_hf(cfg: ModelConfig, params: dict, dtype=None) -> dict[str, np.nda
     return {k: np.ascontiguousarray(v) for k, v in tensors.items()}
 
 
+def special_token_ids(cfg: ModelConfig, tokenizer=None) -> dict:
+    """{bos_token_id, eos_token_id, pad_token_id} for config.json and generation_config.json: the
+    config's own, else the tokenizer's. Without eos ids in the config (the presets of random models),
+    eos lists the ids that end a reply for the policy's sampler (the tokenizer's eos,
+    `<|im_end|>`, `<|endoftext|>`: `hsjax.models.tokenizer.eos_ids`), so `generate` stops at the end
+    of a chat turn. One id is written as an int, several as a list, none as null."""
+    eos = list(cfg.eos_token_ids)
+    bos, pad = cfg.bos_token_id, None
+    if tokenizer is not None:
+        eos = eos or eos_ids(tokenizer)
+        bos = bos if bos is not None else tokenizer.bos_token_id
+        pad = tokenizer.pad_token_id
+    return {"bos_token_id": bos, "eos_token_id": eos[0] if len(eos) == 1 else (eos or None), "pad_token_id": pad}
+
+
 def save_pretrained(params: dict, cfg: ModelConfig, tokenizer, out_dir: str | os.PathLike, dtype=None):
     """Writes config.json, model.safetensors, generation_config.json (and the tokenizer when not
-    None) so `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` gives the same logits.
+    None) so `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` gives the same logits and
+    its `generate` stops where the policy's sampler does (`special_token_ids`).
 
-    `dtype` ('float32' | 'bfloat16') is the stored weight dtype; default `cfg.param_dtype`.
+    `dtype` ('float32' | 'bfloat16') is the stored weight dtype; default `cfg.param_dtype`. Every
+    file gets the mode `open` gives under the process umask (0644 under the usual 022; safetensors
+    alone would leave the weights 0600).
     """
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dtype = dtype or cfg.param_dtype
     hf_config = cfg.to_hf_dict()
     hf_config["torch_dtype"] = hf_config["dtype"] = str(dtype)
+    special = special_token_ids(cfg, tokenizer)
+    hf_config.update(special)
     with open(out / CONFIG_FILE, "w", encoding="utf-8") as f:
         json.dump(hf_config, f, indent=2)
-    generation = {"bos_token_id": hf_config["bos_token_id"], "eos_token_id": hf_config["eos_token_id"]}
     with open(out / GENERATION_CONFIG_FILE, "w", encoding="utf-8") as f:
-        json.dump(generation, f, indent=2)
+        json.dump(special, f, indent=2)
     save_file(params_to_hf(cfg, params, dtype), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    os.chmod(out / WEIGHTS_FILE, stat.S_IMODE(os.stat(out / CONFIG_FILE).st_mode))
     if tokenizer is not None:
-        tokenizer.save_pretrained(str(out))
+        write_hf_tokenizer(tokenizer, out, hf_config.get("model_type"))

@@ -3,9 +3,10 @@
     python run.py --config experiments/serve.py --config.serve.hf_dir=/ckpt/Qwen2.5-0.5B-Instruct \
         --workdir /tmp/hsjax/serve
 
-`serve.hf_dir` and/or `serve.checkpoint` name the policy: an HF directory, or a training workdir's
-latest checkpoint in the model and tokenizer of `hf_dir`. With neither and `serve.init_tiny`, a
-random tiny model is written to `<workdir>/tiny_model` and served.
+`serve.checkpoint` (or `serve.hf_dir`) names the policy: an HF directory, or a training workdir (its
+latest checkpoint, in the model config and tokenizer the run used; with both set, `hf_dir` names
+them instead). With neither and `serve.init_tiny`, a random tiny model is written to
+`<workdir>/tiny_model` and served.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import uvicorn
 
 from hsjax import builders
 from hsjax.infra import paths
+from hsjax.infra.errors import UserError
 from hsjax.llm.server import build_app
 from hsjax.models.tiny import write_tiny_model
 
@@ -23,18 +25,16 @@ log = logging.getLogger(__name__)
 
 
 def load_policy(serve_cfg, seed: int = 0, workdir: str | None = None):
-    """(JaxPolicy, default model name) from `serve.hf_dir` / `serve.checkpoint` / `serve.init_tiny`."""
+    """(JaxPolicy, default model name) from `serve.checkpoint` / `serve.hf_dir` / `serve.init_tiny`
+    (`hsjax.builders.load_jax_policy`: each an HF directory or a training workdir)."""
     hf_dir, ckpt = serve_cfg.hf_dir, serve_cfg.checkpoint
-    if ckpt and not hf_dir and not builders.is_hf_dir(paths.resolve(ckpt)):
-        raise ValueError(f"serve.checkpoint={ckpt} is not an HF directory (config.json and weights); set "
-                         "--config.serve.hf_dir to the HF directory of its base model")
     if not hf_dir and not ckpt:
         if not serve_cfg.get("init_tiny"):
-            raise ValueError("serve needs --config.serve.hf_dir=<HF dir> and/or "
-                             "--config.serve.checkpoint=<workdir or HF dir> (or serve.init_tiny)")
+            raise UserError("serve needs --config.serve.checkpoint=<HF dir or training workdir> (or "
+                            "--config.serve.hf_dir=..., or serve.init_tiny)")
         hf_dir = str(write_tiny_model(pathlib.Path(workdir) / "tiny_model", seed))
     policy = builders.load_jax_policy(hf_dir, ckpt, seed=seed)
-    return policy, pathlib.Path(ckpt or hf_dir).resolve().name
+    return policy, paths.resolve(ckpt or hf_dir).resolve().name
 
 
 def main(config, workdir: str) -> None:

@@ -47,7 +47,7 @@ def unread(config) -> dict[str, str]:
     if not config.dapo.enabled:
         out["dapo.max_draws"] = "dapo.enabled=False"
     if config.model.hf_dir:
-        out["model.preset"] = "model.hf_dir is set: the model comes from there"
+        out["model.preset"] = out["model.tokenizer"] = "model.hf_dir is set: the model comes from there"
     if "router" in config and not config.router.local_voters:
         out["router.local_timeout_s"] = "router.local_voters is empty"
     return out

@@ -54,7 +54,9 @@ class SamplingParams:
     `stop_token_ids` holds single ids and/or tuples of ids (multi-token stop sequences); the
     tokenizer's end-of-turn ids are always added by `JaxPolicy`. `stop_strings` end a reply at the
     token that completes the string (the string stays in the reply). `greedy` ignores temperature,
-    top-p and top-k for the choice, and its logprobs are taken at temperature 1.
+    top-p and top-k for the choice, and its logprobs are taken at temperature 1. `top_logprobs` k > 0
+    asks for the k most likely tokens and their logprobs at each step (`Generation.top_logprobs`;
+    a policy that cannot report them raises `PolicyError`); it never changes what is sampled.
     """
 
     temperature: float = 1.0
@@ -65,6 +67,7 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int | tuple[int, ...], ...] = ()
     seed: int = 0
+    top_logprobs: int = 0
 
     def __post_init__(self):
         if not self.greedy and self.temperature <= 0:
@@ -76,6 +79,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 disables it)")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.top_logprobs < 0:
+            raise ValueError(f"SamplingParams.top_logprobs={self.top_logprobs} must be >= 0 (0: none)")
         if isinstance(self.stop_strings, str):
             raise TypeError("SamplingParams.stop_strings must be a tuple of strings, "
                             f"not the string {self.stop_strings!r}")
@@ -95,12 +100,15 @@ class Generation:
     """One generated reply: its ids, the logprob of each id, its text, and why it ended.
 
     `finish_reason` is "stop" (end-of-turn id, stop sequence or stop string) or "length".
+    `top_logprobs` (when `SamplingParams.top_logprobs` asked for them) holds, per generated id, the
+    most likely (id, logprob) pairs, most likely first.
     """
 
     ids: list[int]
     logprobs: list[float]
     text: str | None
     finish_reason: str
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @runtime_checkable
@@ -176,16 +184,21 @@ class JaxPolicy:
         string_seqs = [tuple(self.tokenizer.encode(s, add_special_tokens=False))
                        for s in sampling.stop_strings]
         outs = self.sampler.generate(self.params, prompts, sampling, self._next_key(sampling),
-                                     stop_sequences=[string_seqs] * len(prompts))
+                                     stop_sequences=[string_seqs] * len(prompts),
+                                     num_top_logprobs=sampling.top_logprobs)
         gens = []
         for out in outs:
-            ids, logprobs, reason = list(out.ids), list(out.logprobs), out.finish_reason
+            ids, logprobs, reason = [int(i) for i in out.ids], [float(x) for x in out.logprobs], out.finish_reason
+            top = None if out.top_ids is None else [
+                [(int(t), float(x)) for t, x in zip(row_ids, row_lp)]
+                for row_ids, row_lp in zip(out.top_ids, out.top_logprobs)]
             if sampling.stop_strings:
                 cut = first_stop_string_end(ids, sampling.stop_strings, self._decode_all)
                 if cut is not None:
                     ids, logprobs, reason = ids[:cut], logprobs[:cut], "stop"
+                    top = top[:cut] if top is not None else None
             gens.append(Generation(ids=ids, logprobs=logprobs, text=self.reply_text(ids),
-                                   finish_reason=reason))
+                                   finish_reason=reason, top_logprobs=top))
         return gens
 
     def _decode_all(self, ids: list[int]) -> str:

@@ -9,7 +9,9 @@ so changing them never recompiles.
 
 Logprob convention (what the trainer recomputes): for each generated token,
 `log_softmax(logits / T)` in float32 with T the row's temperature (1 for greedy), taken BEFORE
-top-k/top-p truncation. See docs/rollout.md.
+top-k/top-p truncation. See docs/rollout.md. On request (`num_top_logprobs`) the program also
+returns, per generated token, the most likely tokens and their logprobs under the same convention
+(what an OpenAI `top_logprobs` reply reports).
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class SampleOutput:
-    """One row's result: generated ids (int32), their logprobs (float32), "stop" or "length"."""
+    """One row's result: generated ids (int32), their logprobs (float32), "stop" or "length", and
+    with `num_top_logprobs` k the k most likely ids and their logprobs at each step (NxK each)."""
 
     ids: np.ndarray
     logprobs: np.ndarray
     finish_reason: str
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,6 +106,13 @@ def sample_logits(logits_BxV, key, temperature_B, top_p_B, top_k_B, greedy_B):
     return tokens_B, logprobs_B
 
 
+def top_logprobs(logits_BxV, temperature_B, greedy_B, k: int):
+    """(logprobs_BxK, ids_BxK) of each row's k most likely tokens, under the module's convention."""
+    temp_B = jnp.where(greedy_B, 1.0, temperature_B)
+    logp_BxV = jax.nn.log_softmax(logits_BxV.astype(jnp.float32) / temp_B[:, None], axis=-1)
+    return jax.lax.top_k(logp_BxV, k)
+
+
 def stop_hit(window_BxL, stops_BxNxL, stop_mask_BxNxL):
     """Whether the last generated tokens (`window_BxL`, right-aligned, -1 before the first) end
     with any of the row's stop sequences (right-aligned, `stop_mask` marking their tokens)."""
@@ -114,7 +126,7 @@ def stop_hit(window_BxL, stops_BxNxL, stop_mask_BxNxL):
 
 def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top_p_B, top_k_B,
                       greedy_B, max_new_B, stops_BxNxL, stop_mask_BxNxL, key, *, max_new: int,
-                      pad_id: int):
+                      pad_id: int, num_top: int = 0):
     batch, prompt_len = tokens_BxP.shape
     cache = model_lib.init_cache(cfg, batch, prompt_len + max_new)
     # Prefill all but the last prompt token, then the last one alone: the first call's logits are
@@ -135,13 +147,17 @@ def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top
 
     def body(state):
         (i, logits_BxV, done_B, pos_B, length_B, stopped_B, window_BxL, out_BxM, lp_BxM,
-         k_caches, v_caches, kpos_BxS) = state
+         top_ids_BxMxK, top_lp_BxMxK, k_caches, v_caches, kpos_BxS) = state
         tok_B, lp_B = sample_logits(logits_BxV, jax.random.fold_in(key, i), temperature_B,
                                     top_p_B, top_k_B, greedy_B)
         tok_B = jnp.where(done_B, pad_id, tok_B)
         lp_B = jnp.where(done_B, 0.0, lp_B)
         out_BxM = out_BxM.at[:, i].set(tok_B)
         lp_BxM = lp_BxM.at[:, i].set(lp_B)
+        if num_top:  # static: the programs that report no alternatives do not compute them
+            top_lp_BxK, top_ids_BxK = top_logprobs(logits_BxV, temperature_B, greedy_B, num_top)
+            top_ids_BxMxK = top_ids_BxMxK.at[:, i].set(top_ids_BxK.astype(jnp.int32))
+            top_lp_BxMxK = top_lp_BxMxK.at[:, i].set(top_lp_BxK)
         length_B = length_B + (~done_B).astype(jnp.int32)
         shifted_BxL = jnp.concatenate([window_BxL[:, 1:], tok_B[:, None]], axis=1)
         window_BxL = jnp.where(done_B[:, None], window_BxL, shifted_BxL)
@@ -152,22 +168,24 @@ def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top
         logits_BxV, k_caches, v_caches, kpos_BxS = decode_lib.decode_step(
             cfg, weights, tok_B, pos_B, prompt_len + i, k_caches, v_caches, kpos_BxS)
         return (i + 1, logits_BxV, done_B, pos_B, length_B, stopped_B, window_BxL, out_BxM,
-                lp_BxM, k_caches, v_caches, kpos_BxS)
+                lp_BxM, top_ids_BxMxK, top_lp_BxMxK, k_caches, v_caches, kpos_BxS)
 
     state = (jnp.int32(0), logits_Bx1xV[:, 0], max_new_B <= 0, positions_BxP[:, -1],
              jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool),
              jnp.full((batch, window_len), -1, jnp.int32),
              jnp.full((batch, max_new), pad_id, jnp.int32),
-             jnp.zeros((batch, max_new), jnp.float32), k_caches, v_caches, cache.pos_BxS)
+             jnp.zeros((batch, max_new), jnp.float32),
+             jnp.zeros((batch, max_new, num_top), jnp.int32),
+             jnp.zeros((batch, max_new, num_top), jnp.float32), k_caches, v_caches, cache.pos_BxS)
     state = jax.lax.while_loop(cond, body, state)
-    return state[7], state[8], state[4], state[5]
+    return state[7], state[8], state[4], state[5], state[9], state[10]
 
 
 @functools.lru_cache(maxsize=None)
 def compiled_program(cfg):
     """The jitted generation program of a model config, shared by all samplers of that config
     (a policy rebuilt with new params reuses what was compiled)."""
-    return jax.jit(functools.partial(_generate_program, cfg), static_argnames=("max_new", "pad_id"))
+    return jax.jit(functools.partial(_generate_program, cfg), static_argnames=("max_new", "pad_id", "num_top"))
 
 
 class Sampler:
@@ -175,8 +193,8 @@ class Sampler:
 
     Shapes: batch padded to `batch_buckets` (powers of two by default), prompt length to
     `bucket_length(n, prompt_min, prompt_step)`, the generation budget to a power of two
-    >= `max_new_min`, stop sequences to powers of two in count and length (>= 4). Each new shape
-    is logged; `num_compilations` counts the shapes this sampler has run (each is one compiled
+    >= `max_new_min`, stop sequences to powers of two in count and length (>= 4), the number of
+    top logprobs reported to a power of two (0 when none are asked for). Each new shape is logged; `num_compilations` counts the shapes this sampler has run (each is one compiled
     program, shared with other samplers of the same config).
     """
 
@@ -197,16 +215,18 @@ class Sampler:
 
     @property
     def compiled_shapes(self) -> list[tuple]:
-        """(batch, prompt_len, max_new, num_stop_seqs, stop_len) of every compiled program."""
+        """(batch, prompt_len, max_new, num_stop_seqs, stop_len, num_top) of every compiled program."""
         return sorted(self._shapes)
 
     def generate(self, params, prompts: list[list[int]], sampling, rng,
-                 stop_sequences: Sequence[Sequence] | None = None) -> list[SampleOutput]:
+                 stop_sequences: Sequence[Sequence] | None = None,
+                 num_top_logprobs: int = 0) -> list[SampleOutput]:
         """Samples one continuation per prompt.
 
         `sampling` is one `SamplingParams` or one per prompt; `stop_sequences[i]` (optional) adds
-        stop ids / id tuples for row i to its `stop_token_ids` and the sampler's `eos_ids`.
-        Deterministic for a given `rng` and inputs.
+        stop ids / id tuples for row i to its `stop_token_ids` and the sampler's `eos_ids`. With
+        `num_top_logprobs` k > 0 each output also holds the k most likely ids and their logprobs at
+        each step (the ids sampled do not change). Deterministic for a given `rng` and inputs.
         """
         n = len(prompts)
         if n == 0:
@@ -230,6 +250,9 @@ class Sampler:
         max_new = max(self.max_new_min, next_pow2(max(s.max_new_tokens for s in per_row)))
         num_stops = max(4, next_pow2(max(len(r) for r in rows_stops)))
         stop_len = max(4, next_pow2(max((len(q) for r in rows_stops for q in r), default=1)))
+        if num_top_logprobs < 0 or num_top_logprobs > self.cfg.vocab_size:
+            raise ValueError(f"num_top_logprobs={num_top_logprobs} must be in [0, vocab_size={self.cfg.vocab_size}]")
+        num_top = min(next_pow2(num_top_logprobs), self.cfg.vocab_size) if num_top_logprobs else 0
 
         tokens = np.full((batch, prompt_len), self.pad_id, np.int32)
         positions = np.full((batch, prompt_len), -1, np.int32)
@@ -250,15 +273,17 @@ class Sampler:
                 stops[i, j, stop_len - len(q):] = q
                 stop_mask[i, j, stop_len - len(q):] = True
 
-        shape = (batch, prompt_len, max_new, num_stops, stop_len)
+        shape = (batch, prompt_len, max_new, num_stops, stop_len, num_top)
         if shape not in self._shapes:
             self._shapes.add(shape)
             log.info("sampler: compiling program %d for batch=%d prompt_len=%d max_new=%d "
-                     "stops=%dx%d", len(self._shapes), *shape)
-        out, lp, length, stopped = self._program(
+                     "stops=%dx%d top_logprobs=%d", len(self._shapes), *shape)
+        out, lp, length, stopped, top_ids, top_lp = jax.device_get(self._program(
             params, tokens, positions, temperature, top_p, top_k, greedy, max_new_rows, stops,
-            stop_mask, rng, max_new=max_new, pad_id=self.pad_id)
-        out, lp, length, stopped = jax.device_get((out, lp, length, stopped))
+            stop_mask, rng, max_new=max_new, pad_id=self.pad_id, num_top=num_top))
+        k = num_top_logprobs
         return [SampleOutput(ids=out[i, :length[i]].copy(), logprobs=lp[i, :length[i]].copy(),
-                             finish_reason="stop" if stopped[i] else "length")
+                             finish_reason="stop" if stopped[i] else "length",
+                             top_ids=top_ids[i, :length[i], :k].copy() if k else None,
+                             top_logprobs=top_lp[i, :length[i], :k].copy() if k else None)
                 for i in range(n)]

@@ -229,8 +229,8 @@ def test_stop_strings_are_cut_from_the_reply(tokenizer):
     ({"messages": []}, 400, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
-    ({"messages": [{"role": "user", "content": "hi"}], "stream": True}, 400, "stream"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 9}, 400, "n"),  # more than max_batch (8)
+    ({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "stream"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": [1]}, 400, "stop"),
@@ -250,7 +250,7 @@ def test_malformed_json_and_unknown_route(stub_server):
     resp = httpx.post(stub_server.base_url + "/chat/completions", content=b"{not json",
                       headers={"Content-Type": "application/json"})
     assert resp.status_code == 400 and "not valid JSON" in resp.json()["error"]["message"]
-    resp = httpx.get(stub_server.base_url + "/completions")
+    resp = httpx.get(stub_server.base_url + "/embeddings")
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
 
 

@@ -1,6 +1,7 @@
 """HF checkpoint import/export, config mapping, presets and the errors for what is unsupported."""
 import dataclasses
 import json
+import os
 import shutil
 
 import jax
@@ -21,6 +22,8 @@ from tests.models.conftest import CASES, build_hf_model, left_padded_batch, posi
 LOGICAL_AXES = {"layers", "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp", None}
 TOKENIZER_VOCAB = 300
 SAMPLE_TEXT = "SELECT name FROM users WHERE id = 3;"
+UMASK = os.umask(0o022)
+os.umask(UMASK)
 
 EXPORT_CONFIGS = {
     "qwen2": ModelConfig(
@@ -95,13 +98,21 @@ def test_export_loads_in_transformers_with_same_logits(family, tmp_path):
     assert diff <= 1e-4, f"{family}: export max |logit diff| {diff:.2e}"
 
     cfg2, params2, tok2 = load_pretrained(tmp_path)
-    assert cfg2 == cfg
+    # A config without eos ids gets the tokenizer's (its only one here, <|endoftext|>).
+    eos = cfg.eos_token_ids or (tok.eos_token_id,)
+    assert cfg2 == dataclasses.replace(cfg, eos_token_ids=eos)
     assert_trees_equal(params2, params)
     ids = tok(SAMPLE_TEXT)["input_ids"]
     assert tok2(SAMPLE_TEXT)["input_ids"] == ids and tok2.decode(ids) == SAMPLE_TEXT
+    written = list(eos) if len(eos) > 1 else eos[0]
     gen = json.loads((tmp_path / "generation_config.json").read_text())
-    assert gen["eos_token_id"] == (list(cfg.eos_token_ids) if len(cfg.eos_token_ids) > 1
-                                   else (cfg.eos_token_ids or [None])[0])
+    hf_config = json.loads((tmp_path / "config.json").read_text())
+    special = {"bos_token_id": cfg.bos_token_id, "eos_token_id": written, "pad_token_id": tok.pad_token_id}
+    assert gen == special and {k: hf_config[k] for k in special} == special
+    assert model.generation_config.eos_token_id == written
+    # Every file is readable by others (safetensors alone writes the weights 0600).
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()} == {
+        p.name: oct(0o666 & ~UMASK) for p in tmp_path.iterdir()}
 
 
 def test_export_bfloat16_weights(tmp_path):

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import tokenizers
 import transformers
 
 from hsjax.models import tokenizer as tokenizer_lib
@@ -114,3 +115,91 @@ def test_load_tokenizer_missing_file(tmp_path):
 def test_vocab_too_small():
     with pytest.raises(ValueError, match="at least 259"):
         tokenizer_lib.build_tiny_tokenizer(vocab_size=100)
+
+
+# ------------------------------------------------------------------ the two tiny tokenizers and AutoTokenizer
+
+REPO = pathlib.Path(tokenizer_lib.__file__).resolve().parents[2]
+QWEN2_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+DIGITS = "SELECT name FROM users WHERE id = 3; -- 2023, 42.5"
+
+
+def test_the_default_tiny_tokenizer_keeps_the_shipped_warm_starts_ids():
+    """`tiny` must stay the tokenizer assets/testbed_warmstart was trained on (vocab and merges)."""
+    shipped = json.loads((REPO / "assets" / "testbed_warmstart" / "tokenizer.json").read_text())["model"]
+    fresh = json.loads(tokenizer_lib.tiny_tokenizer("tiny").backend_tokenizer.to_str())["model"]
+    assert (fresh["vocab"], fresh["merges"]) == (shipped["vocab"], shipped["merges"])
+
+
+def auto_dir(tmp_path, name, model_type=None):
+    """The tiny tokenizer `name` saved beside a qwen2 config.json (by `write_hf_tokenizer` with the
+    model type when given, as `save_pretrained` calls it)."""
+    out = tmp_path / f"{name}_{model_type}"
+    tokenizer_lib.save_tokenizer(tokenizer_lib.tiny_tokenizer(name), out, model_type)
+    (out / "config.json").write_text(json.dumps(QWEN2_CONFIG))
+    return out
+
+
+def same_ids(auto, ours) -> tuple[bool, int]:
+    corpus = tokenizer_lib.CORPUS_PATH.read_text(encoding="utf-8").splitlines()
+    same = [auto.encode(t, add_special_tokens=False) == ours.encode(t, add_special_tokens=False)
+            for t in [*TEXTS, DIGITS, *corpus]]
+    msgs = [{"role": "user", "content": DIGITS}]
+    same.append(auto.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+                == ours.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
+    return all(same), same.count(False)
+
+
+def test_plain_auto_tokenizer_gives_the_ids_of_tiny_qwen2_but_not_of_tiny(tmp_path):
+    """The evidence: transformers 5 builds a Qwen2Tokenizer for any qwen2 model directory, with
+    Qwen2's own pre-tokenizer: `tiny_qwen2` is trained under it, so the ids agree; `tiny` (GPT-2's
+    split) does not, on numbers."""
+    for name, agrees in (("tiny_qwen2", True), ("tiny", False)):
+        auto = transformers.AutoTokenizer.from_pretrained(str(auto_dir(tmp_path, name)), local_files_only=True)
+        assert type(auto).__name__ == "Qwen2Tokenizer"
+        assert same_ids(auto, tokenizer_lib.tiny_tokenizer(name))[0] == agrees, name
+    assert tokenizer_lib.tiny_tokenizer("tiny_qwen2").get_vocab() != tokenizer_lib.tiny_tokenizer("tiny").get_vocab()
+
+
+@pytest.mark.parametrize("name", sorted(tokenizer_lib.TINY_TOKENIZERS))
+@pytest.mark.parametrize("trust_remote_code", [None, True])
+def test_written_beside_a_qwen2_model_auto_tokenizer_gives_the_projects_ids(tmp_path, name, trust_remote_code):
+    """`write_hf_tokenizer(..., "qwen2")` keeps AutoTokenizer on tokenizer.json for `tiny` (an
+    auto_map and tokenization_hsjax.py) and writes nothing extra for `tiny_qwen2`."""
+    out = auto_dir(tmp_path, name, "qwen2")
+    auto = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True,
+                                                      trust_remote_code=trust_remote_code)
+    assert same_ids(auto, tokenizer_lib.tiny_tokenizer(name)) == (True, 0)
+    has_map = "auto_map" in json.loads((out / "tokenizer_config.json").read_text())
+    assert has_map == (out / "tokenization_hsjax.py").exists() == (name == "tiny")
+    assert type(auto).__name__ == ("Qwen2Tokenizer" if name == "tiny_qwen2" else
+                                   "TokenizerFromFile" if trust_remote_code else "TokenizersBackend")
+
+
+def test_a_qwen_style_pipeline_needs_no_auto_map():
+    """Qwen2.5's own tokenizer.json (ByteLevel with trim_offsets false) splits as Qwen2Tokenizer does."""
+    tok = tokenizer_lib.tiny_tokenizer("tiny_qwen2")
+    backend = json.loads(tok.backend_tokenizer.to_str())
+    backend["pre_tokenizer"]["pretokenizers"][1]["trim_offsets"] = False
+    qwen_like = tokenizers.Tokenizer.from_str(json.dumps(backend))
+    assert tokenizer_lib.splits_as_qwen2(qwen_like) and tokenizer_lib.splits_as_qwen2(tok)
+    assert not tokenizer_lib.splits_as_qwen2(tokenizer_lib.tiny_tokenizer("tiny"))
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_tiny_qwen2_round_trip(text):
+    tok = tokenizer_lib.tiny_tokenizer("tiny_qwen2")
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_written_tokenizer_config_is_one_transformers_4_loads(tmp_path):
+    """transformers 4.57's AutoTokenizer fails on transformers 5's `TokenizersBackend` class name and
+    list-valued `extra_special_tokens` (checked by hand with 4.57.1; docs/models.md)."""
+    out = auto_dir(tmp_path, "tiny")
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert config["additional_special_tokens"] == ["<|im_start|>", "<|im_end|>"]
+    assert "extra_special_tokens" not in config and "local_files_only" not in config and "is_local" not in config
+    assert "<|im_start|>" in config["chat_template"] and not (out / "chat_template.jinja").exists()
+    with pytest.raises(ValueError, match="tiny_qwen2"):
+        tokenizer_lib.tiny_tokenizer("qwen2")

@@ -38,7 +38,7 @@ CASES = {
     "garbage checkpoint": (["--config.policy.kind=jax", "--config.policy.checkpoint={tmp}/garbage"],
                            "Point it at a Hugging Face model directory"),
     "missing checkpoint": (["--config.policy.kind=jax", "--config.policy.checkpoint={tmp}/none"],
-                           "is not an HF directory"),
+                           "is neither an HF model directory"),
 }
 
 

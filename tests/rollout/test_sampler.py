@@ -267,7 +267,7 @@ def test_bucketed_shapes_compile_once(tiny):
     s.generate(params, _prompts(cfg.vocab_size, [3, 20, 7]), sp, key)  # batch bucket 4
     s.generate(params, _prompts(cfg.vocab_size, [12, 31, 1, 5], seed=1), sp, key)
     s.generate(params, _prompts(cfg.vocab_size, [30, 2]), SamplingParams(max_new_tokens=11), key)
-    assert s.compiled_shapes == [(2, 32, 16, 4, 4), (4, 32, 16, 4, 4)]
+    assert s.compiled_shapes == [(2, 32, 16, 4, 4, 0), (4, 32, 16, 4, 4, 0)]  # ..., top logprobs
     s.generate(params, _prompts(cfg.vocab_size, [8, 9], seed=2), SamplingParams(top_p=0.5), key)
     assert s.num_compilations == 3  # max_new_tokens 256 is a new bucket; top_p is not
     assert s._program._cache_size() == s.num_compilations

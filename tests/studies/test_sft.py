@@ -14,6 +14,7 @@ from harness_envs.dbbench.sqlite_backend import SQLiteBackend
 from harness_envs.synth.expert import ScriptedExpert
 from harness_envs.synth.tasks import by_type, make_tasks
 from harness_envs.synth.benchmark import Synth
+from hsjax import builders
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra.checkpoint import load_params
 from hsjax.infra.errors import UserError
@@ -172,6 +173,11 @@ def test_short_run_lowers_loss_and_saves_a_loadable_model(tmp_path, tokenizer):
     a, _ = forward(cfg, params, tokens, pos)
     b, _ = forward(cfg, saved, tokens, pos)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # The SFT workdir itself is a checkpoint path: the preset with the run's overrides, its tokenizer.
+    w_cfg, w_params, w_tok, _ = builders.load_model(workdir)
+    assert w_cfg.num_layers == 1 and w_tok.get_vocab() == tokenizer.get_vocab()
+    c2, _ = forward(w_cfg, w_params, tokens, pos)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(c2))
 
     ev = json.load(open(os.path.join(workdir, "eval", "sft.json")))
     assert set(ev["summary"]) == {"synth_heldout/greedy", "synth_train/greedy"}

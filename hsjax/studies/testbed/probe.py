@@ -315,9 +315,11 @@ def main(config, workdir: str) -> dict:
         if probe not in rank1.PROBES or rollouts < (2 if probe == "base" else 1):
             raise ProbeError(f"probe.rank1_arms: '{probe}:{rollouts}' must be 'none:<B >= 1>' or 'base:<B >= 2>' "
                              "(the base probe is one of the B rollouts)")
-    if not config.model.hf_dir or not builders.is_hf_dir(paths.resolve(config.model.hf_dir)):
-        raise ProbeError(f"model.hf_dir={config.model.hf_dir!r} is not an HF model directory; pass the warm "
-                         "start, e.g. --config.model.hf_dir=W_sft/hf (experiments/testbed.py:sft writes it)")
+    hf_dir = paths.resolve(config.model.hf_dir) if config.model.hf_dir else None
+    if hf_dir is None or not (builders.is_hf_dir(hf_dir) or (hf_dir / "checkpoints").is_dir()):
+        raise ProbeError(f"model.hf_dir={config.model.hf_dir!r} is neither an HF model directory nor a training "
+                         "workdir; pass the warm start, e.g. --config.model.hf_dir=W_sft/hf or W_sft "
+                         "(experiments/testbed.py:sft writes both)")
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
 
     bench = builders.make_benchmark(config)

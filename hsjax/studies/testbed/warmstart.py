@@ -7,7 +7,8 @@ One linear `main`, in banner sections:
             harness per task family as the regime prescribes, and render each conversation into token
             streams laid out exactly as the rollout engine lays out a token policy's episodes
             (`hsjax.rollout.streams.render_segments`: reply ids + end-of-turn have loss mask 1);
-  model     the preset (with the config's overrides) from random weights, the tiny tokenizer;
+  model     the preset (with the config's overrides) from random weights, the tiny tokenizer
+            `model.tokenizer` names;
   update    masked next-token cross-entropy around the shared instruction prefix, AdamW, one jitted
             step (`hsjax.rl.sft`);
   loop      `metrics.jsonl` rows with `step`, `loss/sft`, `lr`, `tokens/per_s`; an orbax checkpoint
@@ -38,7 +39,7 @@ from hsjax.infra import console
 from hsjax.infra.errors import UserError
 from hsjax.infra import metrics as metrics_lib
 from hsjax.models import get_preset, init_params, save_pretrained
-from hsjax.models.tokenizer import IM_END, build_tiny_tokenizer
+from hsjax.models.tokenizer import IM_END, tiny_tokenizer
 from hsjax.rl import optim
 from hsjax.rl.sft import BucketedBatches, make_train_step, pack
 from hsjax.rollout.policy import JaxPolicy, SamplingParams, tokenizer_eos_ids
@@ -187,7 +188,7 @@ def eval_harnesses(value, pool) -> list:
 
 def main(config, workdir: str) -> dict:
     t_start = time.perf_counter()
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = tiny_tokenizer(config.model.tokenizer)
     bench = builders.make_benchmark(config)
     pool = builders.load_pool(config, bench)
     train_tasks = builders.load_split(bench, config.data.train_split, seed=config.data.task_seed,
