@@ -51,8 +51,8 @@ def test_the_oracle_plays_through_the_interface(cls, split, seed):
 def test_options_and_errors():
     assert make_benchmark("dbbench", backend={"kind": "sqlite", "url": "", "time_budget_s": 1.0}).backend_options \
         == {"time_budget_s": 1.0}
-    with pytest.raises(ValueError, match="unknown benchmark 'swegym'"):
-        make_benchmark("swegym")
+    with pytest.raises(ValueError, match="unknown benchmark 'nope'"):
+        make_benchmark("nope")
     with pytest.raises(ValueError, match="check the options under config.benchmark"):
         make_benchmark("dbbench", nope=1)
     with pytest.raises(ValueError, match="rule='v9'"):
