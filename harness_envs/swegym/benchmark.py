@@ -205,8 +205,11 @@ class SWEGym(Benchmark):
                 if not pathlib.Path(repos).is_dir():
                     raise FileNotFoundError(f"no SWE-Gym repositories at {repos}: build the offline cache with "
                                             f"{SETUP} (or set benchmark.backend.repos_dir)")
+                # The whole cache (sdists hold the pristine source, instance files the gold patches)
+                # and the instance file's directory are hidden from agent commands, wherever they are.
+                hide = tuple(str(p) for p in (self.cache_dir, self.instances_path.parent) if p.is_dir())
                 self._runtime = LocalRuntime(repos, b.venvs_dir or self.cache_dir / "venvs", limits,
-                                             isolation_mode=b.isolation)
+                                             isolation_mode=b.isolation, hide=hide)
             else:
                 self._runtime = ContainerRuntime(cli=b.container_cli)
         return self._runtime

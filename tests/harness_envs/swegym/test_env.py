@@ -72,6 +72,16 @@ def test_an_episode_fixes_the_issue_and_records_it(bench, task):
         ep.step(FINISH)
 
 
+def test_agent_commands_cannot_read_the_cache_wherever_it_lives(bench, task):
+    """The cache (here a temp dir outside the checkout) holds the gold patches and pristine sources."""
+    instances = bench.instances_path
+    assert instances.is_file() and "range(len(items) - size + 1)" in instances.read_text()
+    base = bench.load_pool().base
+    ep, _ = play(bench, task, base, [bash(f"cat {instances}; ls {bench.cache_dir}"), FINISH])
+    observation = ep.messages()[3]["content"]
+    assert "range(len(items) - size + 1)" not in observation and "No such file" in observation
+
+
 def test_malformed_replies_get_feedback_then_end_the_episode(bench, task):
     base = bench.load_pool().base
     ep, _ = play(bench, task, base, ["I am thinking."] * 5)
