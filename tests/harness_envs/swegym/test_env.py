@@ -2,6 +2,9 @@
 knob the episode itself implements (format feedback, iterations, reproduce-first, test-after-edit,
 verify, context compression), workspaces closed on every path out, and the taxonomy's order."""
 import os
+import pathlib
+import shutil
+import tempfile
 
 import pytest
 
@@ -72,14 +75,22 @@ def test_an_episode_fixes_the_issue_and_records_it(bench, task):
         ep.step(FINISH)
 
 
-def test_agent_commands_cannot_read_the_cache_wherever_it_lives(bench, task):
-    """The cache (here a temp dir outside the checkout) holds the gold patches and pristine sources."""
-    instances = bench.instances_path
-    assert instances.is_file() and "range(len(items) - size + 1)" in instances.read_text()
-    base = bench.load_pool().base
-    ep, _ = play(bench, task, base, [bash(f"cat {instances}; ls {bench.cache_dir}"), FINISH])
-    observation = ep.messages()[3]["content"]
-    assert "range(len(items) - size + 1)" not in observation and "No such file" in observation
+def test_agent_commands_cannot_read_the_cache_wherever_it_lives():
+    """The cache holds the gold patches and pristine sources; here it lives outside both the checkout
+    and the temp root (which the runtime hides anyway), where only the benchmark knows to hide it."""
+    outside = tempfile.mkdtemp(dir="/var/tmp")
+    os.chmod(outside, 0o755)  # as a cache in a shared directory is: readable by anyone but for the hiding
+    try:
+        cache = make_cache(pathlib.Path(outside) / "cache")
+        with make_benchmark("swegym", backend={"cache_dir": str(cache)}) as b:
+            task = b.load_split("train")[0]
+            instances = b.instances_path
+            assert "range(len(items) - size + 1)" in instances.read_text()
+            ep, _ = play(b, task, b.load_pool().base, [bash(f"cat {instances}; ls {cache}"), FINISH])
+            observation = ep.messages()[3]["content"]
+            assert "range(len(items) - size + 1)" not in observation and "No such file" in observation
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
 
 
 def test_malformed_replies_get_feedback_then_end_the_episode(bench, task):
