@@ -7,6 +7,8 @@ command-line override of a key the mode never reads is an error (the config is l
 """
 from __future__ import annotations
 
+from typing import Callable, Mapping
+
 from ml_collections import ConfigDict
 
 DBBENCH_SLIPS = ("format_slip", "skip_schema", "premature_answer", "long_output", "answer_format", "turn_waste")
@@ -170,3 +172,59 @@ def smoke(c: ConfigDict, *, max_context_tokens: int, T_buckets: tuple[int, ...])
     c.log.episodes_every = 2
     c.log.progress = False
     c.log.print_every = 1
+
+
+def train_arms(hint: str, smoke_fn: Callable[[ConfigDict], None]) -> dict[str, Callable[[ConfigDict], None]]:
+    """The training variants of every benchmark's experiment file: the arms `policy_only`, `dapo`,
+    `hint` (one copy of the base harness with the benchmark's `hint`, k = 1) and `harness_s`; `smoke`
+    (the benchmark's own shrink to a few CPU steps, `smoke_fn`) and `smoke_harness_s` (Harness-S end
+    to end on a CPU: rescue, re-anchoring every 2 steps, two local voters)."""
+    def policy_only(c):
+        c.rescue.kind = "none"
+
+    def dapo(c):
+        c.rescue.kind = "none"
+        c.dapo.enabled = True
+
+    def hint_arm(c):
+        c.rescue.kind = "hint"
+        c.rescue.hint = hint
+
+    def harness_s(c):
+        c.rescue.kind = "harness_s"
+        c.router = router()
+
+    def smoke_harness_s(c):
+        smoke_fn(c)
+        harness_s(c)
+        c.router.reanchor_every = 2
+        c.router.local_voters = ("rule", "tiny")
+
+    return {"train": lambda c: None, "policy_only": policy_only, "dapo": dapo, "hint": hint_arm,
+            "harness_s": harness_s, "smoke_harness_s": smoke_harness_s, "smoke": smoke_fn}
+
+
+def select(file: str, arg: str | None, *, eval_variants: Mapping[str, Callable], eval_config: Callable[[], ConfigDict],
+           train_variants: Mapping[str, Callable], train_config: Callable[[], ConfigDict],
+           other_modes: Mapping[str, Callable[[], ConfigDict]] | None = None) -> ConfigDict:
+    """`get_config(arg)` of an experiment file: the comma-separated variants of `arg` (default `eval`)
+    applied to the eval or the train config; `other_modes` (evolve, rank1) stand alone. `smoke` is
+    applied first, so `smoke,dapo` == `dapo,smoke`."""
+    other_modes = other_modes or {}
+    names = variants(arg) or ["eval"]
+    if any(v in other_modes for v in names):
+        if len(names) != 1:
+            raise ValueError(f"variant {names} : evolve and rank1 stand alone (override keys with --config.x=...)")
+        return other_modes[names[0]]()
+    unknown = [v for v in names if v not in eval_variants and v not in train_variants]
+    if unknown:
+        raise ValueError(f"unknown {file} variant(s) {unknown}; known: "
+                         f"{sorted({**eval_variants, **train_variants, **other_modes})}")
+    training = [v for v in names if v in train_variants]
+    if training and len(training) != len(names):
+        raise ValueError(f"variants {names} mix eval and training; an eval variant is one of {sorted(eval_variants)}")
+    c = train_config() if training else eval_config()
+    table = train_variants if training else eval_variants
+    for name in sorted(names, key=lambda v: v != "smoke"):
+        table[name](c)
+    return c

@@ -179,25 +179,6 @@ def train_config() -> ml_collections.ConfigDict:
     return c
 
 
-def _policy_only(c):
-    c.rescue.kind = "none"
-
-
-def _dapo(c):
-    c.rescue.kind = "none"
-    c.dapo.enabled = True
-
-
-def _hint(c):
-    c.rescue.kind = "hint"
-    c.rescue.hint = HINT
-
-
-def _harness_s(c):
-    c.rescue.kind = "harness_s"
-    c.router = common.router()
-
-
 def _smoke(c):
     """A few steps of a tiny random policy on a handful of instances: minutes on a CPU."""
     c.pool = CONCISE_POOL
@@ -206,36 +187,11 @@ def _smoke(c):
     common.smoke(c, max_context_tokens=2048, T_buckets=(1024, 2048))
 
 
-def _smoke_harness_s(c):
-    """Harness-S end to end on a CPU: rescue, re-anchoring every 2 steps, two local voters."""
-    _smoke(c)
-    _harness_s(c)
-    c.router.reanchor_every = 2
-    c.router.local_voters = ("rule", "tiny")
-
-
-TRAIN_VARIANTS = {"train": lambda c: None, "policy_only": _policy_only, "dapo": _dapo, "hint": _hint,
-                  "harness_s": _harness_s, "smoke_harness_s": _smoke_harness_s, "smoke": _smoke}
-
+TRAIN_VARIANTS = common.train_arms(HINT, _smoke)
 
 OTHER_MODES = {"evolve": evolve_config, "rank1": rank1_config}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    names = common.variants(arg) or ["eval"]
-    if any(v in OTHER_MODES for v in names):
-        if len(names) != 1:
-            raise ValueError(f"variant {names} : evolve and rank1 stand alone (override keys with --config.x=...)")
-        return OTHER_MODES[names[0]]()
-    unknown = [v for v in names if v not in EVAL_VARIANTS and v not in TRAIN_VARIANTS]
-    if unknown:
-        raise ValueError(f"unknown experiments/swegym.py variant(s) {unknown}; known: "
-                         f"{sorted({**EVAL_VARIANTS, **TRAIN_VARIANTS, **OTHER_MODES})}")
-    training = [v for v in names if v in TRAIN_VARIANTS]
-    if training and len(training) != len(names):
-        raise ValueError(f"variants {names} mix eval and training; an eval variant is one of {sorted(EVAL_VARIANTS)}")
-    c = train_config() if training else eval_config()
-    table = TRAIN_VARIANTS if training else EVAL_VARIANTS
-    for name in sorted(names, key=lambda v: v != "smoke"):  # smoke first: `smoke,dapo` == `dapo,smoke`
-        table[name](c)
-    return c
+    return common.select("experiments/swegym.py", arg, eval_variants=EVAL_VARIANTS, eval_config=eval_config,
+                         train_variants=TRAIN_VARIANTS, train_config=train_config, other_modes=OTHER_MODES)
