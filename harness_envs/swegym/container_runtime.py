@@ -33,8 +33,7 @@ import tempfile
 
 from harness_envs.sandbox import CommandResult, Limits, run_command
 from harness_envs.swegym.instances import Instance
-from harness_envs.swegym.runtime import (Runtime, Workspace, WorkspaceError, commit_id, diff_command,
-                                        pytest_command)
+from harness_envs.swegym.runtime import Runtime, Workspace, WorkspaceError, commit_id, diff_command
 
 __all__ = ["ContainerRuntime", "ContainerWorkspace", "DEFAULT_IMAGE_TEMPLATE", "image_name"]
 
@@ -82,9 +81,6 @@ class ContainerRuntime(Runtime):
 
     def workspace(self, instance: Instance) -> "ContainerWorkspace":
         return ContainerWorkspace(self, instance)
-
-    def test_command(self, instance: Instance, test_ids: tuple[str, ...]) -> str:
-        return pytest_command(instance, test_ids)
 
 
 class ContainerWorkspace(Workspace):

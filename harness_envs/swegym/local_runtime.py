@@ -58,8 +58,7 @@ import tempfile
 from harness_envs.sandbox import (SANDBOX_UIDS, CommandResult, Limits, SandboxUser, closed_ancestor, isolation,
                                   run_command)
 from harness_envs.swegym.instances import Instance
-from harness_envs.swegym.runtime import (Runtime, Workspace, WorkspaceError, commit_id, diff_command,
-                                        pytest_command)
+from harness_envs.swegym.runtime import Runtime, Workspace, WorkspaceError, commit_id, diff_command
 
 __all__ = ["DEFAULT_CACHE", "DEFAULT_LIMITS", "SANDBOX_NPROC", "LocalRuntime", "LocalWorkspace", "repo_key"]
 
@@ -162,9 +161,6 @@ class LocalRuntime(Runtime):
 
     def workspace(self, instance: Instance) -> "LocalWorkspace":
         return LocalWorkspace(self, instance)
-
-    def test_command(self, instance: Instance, test_ids: tuple[str, ...]) -> str:
-        return pytest_command(instance, test_ids)
 
 
 class LocalWorkspace(Workspace):
