@@ -52,8 +52,8 @@ def _prompts(vocab, batch, length, seed=0):
     return rng.integers(1, vocab, size=(batch, length)).tolist()
 
 
-def time_jax(cfg, params, batch, prompt_len, new_tokens, reps, max_new_min=16):
-    sampler = Sampler(cfg, eos_ids=(), max_new_min=max_new_min)
+def time_jax(cfg, params, batch, prompt_len, new_tokens, reps, max_new_min=16, kv_dtype=""):
+    sampler = Sampler(cfg, eos_ids=(), max_new_min=max_new_min, kv_dtype=kv_dtype)
     prompts = _prompts(cfg.vocab_size, batch, prompt_len)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
     keys = iter(jax.random.split(jax.random.PRNGKey(0), reps + 1))
@@ -105,13 +105,22 @@ def cpu_bench(args):
     with tempfile.TemporaryDirectory() as hf_dir:
         save_pretrained(params, cfg, None, hf_dir)
         for batch in args.batches:
-            jax_s, compile_s = time_jax(cfg, params, batch, args.prompt, args.new, args.reps)
-            hf_s = None if args.skip_hf else time_hf(hf_dir, batch, args.prompt, args.new,
-                                                     args.hf_reps)
+            jax_s, compile_s = time_jax(cfg, params, batch, args.prompt, args.new, args.reps,
+                                        kv_dtype=args.kv_dtype)
+            # Prefill + the first token alone: the rest of jax_s is (new - 1) decode steps.
+            jax_one_s, _ = time_jax(cfg, params, batch, args.prompt, 1, args.reps, max_new_min=1,
+                                    kv_dtype=args.kv_dtype)
+            hf_s = hf_one_s = None
+            if not args.skip_hf:
+                hf_s = time_hf(hf_dir, batch, args.prompt, args.new, args.hf_reps)
+                hf_one_s = time_hf(hf_dir, batch, args.prompt, 1, args.hf_reps)
             tokens = batch * args.new
-            row = {"batch": batch, "prompt": args.prompt, "new_tokens": args.new,
+            step = lambda full, one: (full - one) / (args.new - 1) * 1e3  # noqa: E731
+            row = {"batch": batch, "prompt": args.prompt, "new_tokens": args.new, "kv_dtype": args.kv_dtype or "float32",
                    "jax_tokens_per_s": tokens / jax_s, "jax_s": jax_s, "jax_compile_s": compile_s,
+                   "jax_prefill_s": jax_one_s, "jax_decode_step_ms": step(jax_s, jax_one_s),
                    "hf_tokens_per_s": tokens / hf_s if hf_s else None, "hf_s": hf_s,
+                   "hf_prefill_s": hf_one_s, "hf_decode_step_ms": step(hf_s, hf_one_s) if hf_s else None,
                    "speedup": hf_s / jax_s if hf_s else None}
             rows.append(row)
             print(_cpu_row(row), flush=True)
@@ -120,10 +129,11 @@ def cpu_bench(args):
 
 
 def _cpu_row(r):
-    hf = f"{r['hf_tokens_per_s']:>10.0f}" if r["hf_tokens_per_s"] else f"{'-':>10}"
+    dash = lambda x, fmt: format(x, fmt) if x is not None else "-"  # noqa: E731
     speed = f"{r['speedup']:.1f}x" if r["speedup"] else "-"
-    return (f"| batch {r['batch']:>3} | {r['jax_tokens_per_s']:>10.0f} | {hf} | "
-            f"{r['jax_compile_s']:>9.1f} | {speed:>8} |")
+    return (f"| batch {r['batch']:>3} | {r['jax_tokens_per_s']:>10.0f} | {dash(r['hf_tokens_per_s'], '>10.0f')} | "
+            f"{r['jax_compile_s']:>9.1f} | {speed:>8} | {r['jax_prefill_s']:>9.2f} / {dash(r['hf_prefill_s'], '.2f'):>5} | "
+            f"{r['jax_decode_step_ms']:>7.1f} / {dash(r['hf_decode_step_ms'], '.1f'):>5} |")
 
 
 # ------------------------------------------------------------------------------------- GPU
@@ -195,6 +205,7 @@ def main(argv=None):
     parser.add_argument("--hf-reps", type=int, default=1, help="timed transformers runs (median)")
     parser.add_argument("--copy-bytes", type=int, default=4 << 30)
     parser.add_argument("--skip-hf", action="store_true", help="JAX only")
+    parser.add_argument("--kv-dtype", default="", help="the sampler's KV cache dtype: '' (the compute dtype) or bfloat16")
     args = parser.parse_args(argv)
     args.batches_set = args.batches is not None
     args.batches = args.batches or ([64] if args.gpu else [1, 8, 64])
@@ -212,8 +223,9 @@ def main(argv=None):
         result = gpu_bench(args)
         print(json.dumps(result, indent=2))
     else:
-        print("| batch     | JAX tok/s  | HF tok/s   | compile s | speed-up |")
-        print("|-----------|------------|------------|-----------|----------|")
+        print(f"# KV cache {args.kv_dtype or 'float32'}; prefill = prefill + first token")
+        print("| batch     | JAX tok/s  | HF tok/s   | compile s | speed-up | prefill s JAX / HF | decode step ms JAX / HF |")
+        print("|-----------|------------|------------|-----------|----------|--------------------|-------------------------|")
         result = cpu_bench(args)
     result.update(header)
     print(f"reproduce: {header['command']}")

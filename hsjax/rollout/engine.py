@@ -237,9 +237,13 @@ def _step(runner: _Runner, text: str):
 
 def collect(episodes: list, policy, sampling: SamplingParams, tokenizer=None,
             max_context_tokens: int | None = None, env_workers: int = 4,
-            max_context_chars: int | None = None) -> list[Trajectory]:
+            max_context_chars: int | None = None,
+            stream_ids: list[int] | None = None) -> list[Trajectory]:
     """Runs every episode to its end and returns their trajectories, in the order given.
 
+    `stream_ids[i]` names episode i's random stream: a policy that keys its draws by stream
+    (`keyed_streams`, e.g. `JaxPolicy`) gets (stream id, turn) per prompt, so episode i samples the
+    same whatever other episodes share its batches. Default: its index here.
     `policy` is a token policy (has `generate`; token-exact segments are recorded, `tokenizer`
     defaults to `policy.tokenizer`) or a chat policy (has `chat`; text only). An episode whose next
     prompt plus `sampling.max_new_tokens` would exceed `max_context_tokens` is aborted with
@@ -258,60 +262,74 @@ def collect(episodes: list, policy, sampling: SamplingParams, tokenizer=None,
                                                      is not None else ()))
     t_start = time.perf_counter()
     runners = [_Runner(ep) for ep in episodes]
-    with concurrent.futures.ThreadPoolExecutor(max(1, env_workers)) as pool:
-        list(pool.map(lambda r: r.episode.reset(), runners))
-        turn = 0
-        while True:
-            live, prompts = [], []
-            for r in runners:
-                if r.episode.done:
-                    continue
-                if token_mode:
-                    prompt = _prepare_token_prompt(r, tokenizer, max_context_tokens, sampling.max_new_tokens)
+    if stream_ids is None:
+        stream_ids = list(range(len(episodes)))
+    if len(stream_ids) != len(episodes):
+        raise ValueError(f"got {len(stream_ids)} stream ids for {len(episodes)} episodes")
+    keyed = token_mode and getattr(policy, "keyed_streams", False)
+    stream_of = {id(r): int(s) for r, s in zip(runners, stream_ids)}
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max(1, env_workers)) as pool:
+            list(pool.map(lambda r: r.episode.reset(), runners))
+            turn = 0
+            while True:
+                live, prompts = [], []
+                for r in runners:
+                    if r.episode.done:
+                        continue
+                    if token_mode:
+                        prompt = _prepare_token_prompt(r, tokenizer, max_context_tokens, sampling.max_new_tokens)
+                    else:
+                        prompt = _prepare_chat_context(r, tokenizer, max_context_tokens, sampling.max_new_tokens,
+                                                       max_context_chars)
+                    if prompt is not None:
+                        live.append(r)
+                        prompts.append(prompt)
+                if not live:
+                    break
+                t0 = time.perf_counter()
+                if keyed:
+                    gens = policy.generate(prompts, sampling, streams=[(stream_of[id(r)], turn) for r in live])
+                elif token_mode:
+                    gens = policy.generate(prompts, sampling)
                 else:
-                    prompt = _prepare_chat_context(r, tokenizer, max_context_tokens, sampling.max_new_tokens,
-                                                   max_context_chars)
-                if prompt is not None:
-                    live.append(r)
-                    prompts.append(prompt)
-            if not live:
-                break
-            t0 = time.perf_counter()
-            if token_mode:
-                gens = policy.generate(prompts, sampling)
-            else:
-                texts = policy.chat(prompts, sampling, [r.episode.info for r in live])
-                gens = [t if isinstance(t, FailedReply)
-                        else Generation(ids=[], logprobs=[], text=t, finish_reason="stop") for t in texts]
-            dt = time.perf_counter() - t0
-            if len(gens) != len(live):
-                raise RuntimeError(f"policy {type(policy).__name__} returned {len(gens)} replies "
-                                   f"for {len(live)} contexts")
-            stepped, texts = [], []
-            for r, prompt, gen in zip(live, prompts, gens):
-                r.generate_s += dt
-                if isinstance(gen, FailedReply):
-                    _policy_failed(r, gen)
-                    continue
-                text = gen.text
-                if token_mode:
-                    if text is None:
-                        ids = gen.ids[:-1] if gen.ids and gen.ids[-1] in eos else gen.ids
-                        text = tokenizer.decode(ids, skip_special_tokens=False)
-                    r.stream.extend(gen.ids, 1, gen.logprobs)
-                    r.last_reply = (text, list(gen.ids))
-                    n_new = len(gen.ids)
-                else:
-                    n_new = len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else 0
-                r.num_generated += n_new
-                r.turns.append({"turn": turn, "text": text, "finish_reason": gen.finish_reason,
-                                "prompt_tokens": len(prompt) if token_mode else None,
-                                "new_tokens": n_new,
-                                "segment": len(r.streams_done) if token_mode else None})
-                stepped.append(r)
-                texts.append(text)
-            list(pool.map(_step, stepped, texts))
-            turn += 1
+                    texts = policy.chat(prompts, sampling, [r.episode.info for r in live])
+                    gens = [t if isinstance(t, FailedReply)
+                            else Generation(ids=[], logprobs=[], text=t, finish_reason="stop") for t in texts]
+                dt = time.perf_counter() - t0
+                if len(gens) != len(live):
+                    raise RuntimeError(f"policy {type(policy).__name__} returned {len(gens)} replies "
+                                       f"for {len(live)} contexts")
+                stepped, texts = [], []
+                for r, prompt, gen in zip(live, prompts, gens):
+                    r.generate_s += dt
+                    if isinstance(gen, FailedReply):
+                        _policy_failed(r, gen)
+                        continue
+                    text = gen.text
+                    if token_mode:
+                        if text is None:
+                            ids = gen.ids[:-1] if gen.ids and gen.ids[-1] in eos else gen.ids
+                            text = tokenizer.decode(ids, skip_special_tokens=False)
+                        r.stream.extend(gen.ids, 1, gen.logprobs)
+                        r.last_reply = (text, list(gen.ids))
+                        n_new = len(gen.ids)
+                    else:
+                        n_new = len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else 0
+                    r.num_generated += n_new
+                    r.turns.append({"turn": turn, "text": text, "finish_reason": gen.finish_reason,
+                                    "prompt_tokens": len(prompt) if token_mode else None,
+                                    "new_tokens": n_new,
+                                    "segment": len(r.streams_done) if token_mode else None})
+                    stepped.append(r)
+                    texts.append(text)
+                list(pool.map(_step, stepped, texts))
+                turn += 1
+    finally:
+        # Caches kept for a next turn (`JaxPolicy`'s KV reuse) would otherwise sit in memory
+        # through the update that follows.
+        if hasattr(policy, "end_rollout"):
+            policy.end_rollout()
     wall = time.perf_counter() - t_start
     trajectories = []
     for r in runners:

@@ -28,6 +28,7 @@ import jax
 from hsjax.models import load_pretrained
 from hsjax.models.tokenizer import eos_ids
 from hsjax.rollout import sampler as sampler_lib
+from hsjax.rollout.kv_reuse import TurnCache
 
 
 class PolicyError(RuntimeError):
@@ -135,12 +136,18 @@ def is_token_policy(policy) -> bool:
 class JaxPolicy:
     """The trainable policy: a model, its params and tokenizer, sampled with `hsjax.rollout.sampler`.
 
-    Each `generate` call draws a fresh key: fold_in(fold_in(PRNGKey(seed), sampling.seed), call
-    index), so a run is reproducible from (seed, sampling.seed, call order).
+    Keys. With `streams` (what the rollout engine passes: one (episode stream id, turn) per prompt),
+    row i draws from fold_in(fold_in(fold_in(PRNGKey(seed), sampling.seed), stream), turn): an
+    episode's tokens depend on (seed, phase, episode, turn) only, not on the batch it shares, so a
+    step's episodes can be split across processes (multi-host) or batches and sample the same.
+    Without, each call draws a fresh key, fold_in(fold_in(PRNGKey(seed), sampling.seed), call
+    index), so a run is reproducible from (seed, sampling.seed, call order) (the server's requests).
     """
 
+    keyed_streams = True  # `generate` accepts `streams` (engine.collect passes them)
+
     def __init__(self, cfg, params, tokenizer, *, seed: int = 0, eos_ids: Sequence[int] | None = None,
-                 **sampler_kwargs):
+                 kv_reuse: bool = True, **sampler_kwargs):
         self.cfg = cfg
         self.params = params
         self.tokenizer = tokenizer
@@ -154,6 +161,9 @@ class JaxPolicy:
         self._seed = seed
         self._calls = 0
         self._lock = threading.Lock()
+        # KV reuse across turns (`hsjax.rollout.kv_reuse`): keyed calls (the engine's) only; a call
+        # without streams (the server's) has no episode to continue.
+        self.turn_cache = TurnCache(self.sampler) if kv_reuse else None
 
     @classmethod
     def from_pretrained(cls, hf_dir: str, **kwargs) -> "JaxPolicy":
@@ -162,12 +172,22 @@ class JaxPolicy:
 
     def update_params(self, params) -> None:
         self.params = params
+        if self.turn_cache is not None:
+            self.turn_cache.clear()  # kept keys/values belong to the old params
+
+    def end_rollout(self) -> None:
+        """Drops the caches kept for the next turn: `engine.collect` calls it when its episodes are
+        done, so they are not held through the update that follows."""
+        if self.turn_cache is not None:
+            self.turn_cache.clear()
 
     def reseed(self, seed: int) -> None:
         """Restarts the key sequence at (seed, call 0): the training loop reseeds every phase, so a
         resumed run draws the same keys as an uninterrupted one."""
         with self._lock:
             self._seed, self._calls = int(seed), 0
+        if self.turn_cache is not None:
+            self.turn_cache.clear()
 
     def _next_key(self, sampling: SamplingParams):
         with self._lock:
@@ -176,16 +196,29 @@ class JaxPolicy:
         key = jax.random.fold_in(jax.random.PRNGKey(self._seed), sampling.seed)
         return jax.random.fold_in(key, call)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 streams: Sequence[tuple[int, int]] | None = None) -> list[Generation]:
         if not prompts:
             return []
+        if streams is None:
+            key = self._next_key(sampling)
+        else:
+            key = jax.random.fold_in(jax.random.PRNGKey(self._seed), sampling.seed)
         # The canonical tokenization of each stop string is stopped on inside the decode loop; the
         # host-side check below catches every other tokenization of the string.
         string_seqs = [tuple(self.tokenizer.encode(s, add_special_tokens=False))
                        for s in sampling.stop_strings]
-        outs = self.sampler.generate(self.params, prompts, sampling, self._next_key(sampling),
-                                     stop_sequences=[string_seqs] * len(prompts),
-                                     num_top_logprobs=sampling.top_logprobs)
+        reuse = streams is not None and self.turn_cache is not None
+        if reuse:
+            new_prompts, offsets, prefix = self.turn_cache.plan(prompts, streams)
+            outs, kept = self.sampler.generate(
+                self.params, new_prompts, sampling, key, stop_sequences=[string_seqs] * len(prompts),
+                num_top_logprobs=sampling.top_logprobs, streams=streams, prefix=prefix,
+                offsets=offsets, keep_cache=True)
+        else:
+            outs = self.sampler.generate(self.params, prompts, sampling, key,
+                                         stop_sequences=[string_seqs] * len(prompts),
+                                         num_top_logprobs=sampling.top_logprobs, streams=streams)
         gens = []
         for out in outs:
             ids, logprobs, reason = [int(i) for i in out.ids], [float(x) for x in out.logprobs], out.finish_reason
@@ -199,6 +232,8 @@ class JaxPolicy:
                     top = top[:cut] if top is not None else None
             gens.append(Generation(ids=ids, logprobs=logprobs, text=self.reply_text(ids),
                                    finish_reason=reason, top_logprobs=top))
+        if reuse:
+            self.turn_cache.record(prompts, streams, [g.ids for g in gens], kept)
         return gens
 
     def _decode_all(self, ids: list[int]) -> str:

@@ -43,6 +43,31 @@ class SampleOutput:
     top_logprobs: np.ndarray | None = None
 
 
+@dataclasses.dataclass
+class Prefix:
+    """Cached keys/values a generation starts from (KV reuse across the turns of an episode): one
+    BxKxCxH key and value array per layer, in the decode loop's layout, and the position held by
+    each slot (BxC, -1: empty). Row b of the batch continues the sequence whose keys/values are in
+    row b; a row with no slot >= 0 starts fresh."""
+
+    k: tuple
+    v: tuple
+    pos_BxC: jax.Array
+
+
+@dataclasses.dataclass
+class Kept:
+    """The caches a generation ended with (`Sampler.generate(..., keep_cache=True)`): per layer
+    BxKxSxH keys and values, the slot positions (BxS) and `gen_start`, the first generated slot
+    (row b's generated token j sits at slot gen_start + j; slots past its last kept token hold
+    garbage the caller must mask before reuse)."""
+
+    k: tuple
+    v: tuple
+    pos_BxS: jax.Array
+    gen_start: int
+
+
 # ---------------------------------------------------------------------------------------------
 # Shape buckets
 
@@ -86,8 +111,9 @@ def truncate_logits(scaled_BxV, top_p_B, top_k_B):
     return jnp.where(scaled_BxV >= thresh_B[:, None], scaled_BxV, -jnp.inf)
 
 
-def sample_logits(logits_BxV, key, temperature_B, top_p_B, top_k_B, greedy_B):
-    """Draws one token per row; returns (tokens_B, logprobs_B) under the module's convention."""
+def sample_logits(logits_BxV, keys_B, temperature_B, top_p_B, top_k_B, greedy_B):
+    """Draws one token per row, each with its own key; returns (tokens_B, logprobs_B) under the
+    module's convention."""
     logits_BxV = logits_BxV.astype(jnp.float32)
     temp_B = jnp.where(greedy_B, 1.0, temperature_B)
     scaled_BxV = logits_BxV / temp_B[:, None]
@@ -100,7 +126,7 @@ def sample_logits(logits_BxV, key, temperature_B, top_p_B, top_k_B, greedy_B):
         lambda: jnp.where(needs_trunc_B[:, None],
                           truncate_logits(scaled_BxV, top_p_B, top_k_B), scaled_BxV),
         lambda: scaled_BxV)
-    sampled_B = jax.random.categorical(key, sample_from_BxV, axis=-1)
+    sampled_B = jax.vmap(lambda key, row_V: jax.random.categorical(key, row_V))(keys_B, sample_from_BxV)
     tokens_B = jnp.where(greedy_B, jnp.argmax(logits_BxV, axis=-1), sampled_B).astype(jnp.int32)
     logprobs_B = jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]
     return tokens_B, logprobs_B
@@ -124,11 +150,30 @@ def stop_hit(window_BxL, stops_BxNxL, stop_mask_BxNxL):
 # The compiled program
 
 
+def row_keys(key, stream_B, turn_B):
+    """One key per row: fold_in(fold_in(key, stream), turn). A row's draws depend on which stream
+    (episode) and turn it is, never on its position in the batch or on its batch mates."""
+    return jax.vmap(lambda s, t: jax.random.fold_in(jax.random.fold_in(key, s), t))(stream_B, turn_B)
+
+
 def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top_p_B, top_k_B,
-                      greedy_B, max_new_B, stops_BxNxL, stop_mask_BxNxL, key, *, max_new: int,
-                      pad_id: int, num_top: int = 0):
+                      greedy_B, max_new_B, stops_BxNxL, stop_mask_BxNxL, key, stream_B, turn_B,
+                      prefix_k, prefix_v, prefix_pos_BxC, *, max_new: int, pad_id: int,
+                      num_top: int = 0, kv_dtype: str = ""):
     batch, prompt_len = tokens_BxP.shape
-    cache = model_lib.init_cache(cfg, batch, prompt_len + max_new)
+    keys_B = row_keys(key, stream_B, turn_B)
+    # A prefix (the kept cache of an earlier turn, `Prefix`) fills slots [0, C); the prompt's new
+    # tokens follow it, then the generated ones. C = 0: a fresh prefill.
+    num_prefix = prefix_pos_BxC.shape[1]
+    cache = model_lib.init_cache(cfg, batch, num_prefix + prompt_len + max_new, kv_dtype or None)
+    if num_prefix:  # static
+        def place(stacked, layers):
+            prefix = jnp.stack([x.transpose(0, 2, 1, 3) for x in layers]).astype(stacked.dtype)
+            return stacked.at[:, :, :num_prefix].set(prefix)
+        cache = cache.replace(k_LxBxSxKxH=place(cache.k_LxBxSxKxH, prefix_k),
+                              v_LxBxSxKxH=place(cache.v_LxBxSxKxH, prefix_v),
+                              pos_BxS=cache.pos_BxS.at[:, :num_prefix].set(prefix_pos_BxC),
+                              end=jnp.int32(num_prefix))
     # Prefill all but the last prompt token, then the last one alone: the first call's logits are
     # unused, so XLA drops its BxPxV vocabulary projection (the largest prefill tensor).
     _, cache = model_lib.forward(cfg, params, tokens_BxP[:, :-1], positions_BxP[:, :-1],
@@ -148,8 +193,9 @@ def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top
     def body(state):
         (i, logits_BxV, done_B, pos_B, length_B, stopped_B, window_BxL, out_BxM, lp_BxM,
          top_ids_BxMxK, top_lp_BxMxK, k_caches, v_caches, kpos_BxS) = state
-        tok_B, lp_B = sample_logits(logits_BxV, jax.random.fold_in(key, i), temperature_B,
-                                    top_p_B, top_k_B, greedy_B)
+        step_keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, i)
+        tok_B, lp_B = sample_logits(logits_BxV, step_keys_B, temperature_B, top_p_B, top_k_B,
+                                    greedy_B)
         tok_B = jnp.where(done_B, pad_id, tok_B)
         lp_B = jnp.where(done_B, 0.0, lp_B)
         out_BxM = out_BxM.at[:, i].set(tok_B)
@@ -166,7 +212,7 @@ def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top
         done_B = done_B | hit_B | (length_B >= max_new_B)
         pos_B = pos_B + 1
         logits_BxV, k_caches, v_caches, kpos_BxS = decode_lib.decode_step(
-            cfg, weights, tok_B, pos_B, prompt_len + i, k_caches, v_caches, kpos_BxS)
+            cfg, weights, tok_B, pos_B, num_prefix + prompt_len + i, k_caches, v_caches, kpos_BxS)
         return (i + 1, logits_BxV, done_B, pos_B, length_B, stopped_B, window_BxL, out_BxM,
                 lp_BxM, top_ids_BxMxK, top_lp_BxMxK, k_caches, v_caches, kpos_BxS)
 
@@ -178,14 +224,15 @@ def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top
              jnp.zeros((batch, max_new, num_top), jnp.int32),
              jnp.zeros((batch, max_new, num_top), jnp.float32), k_caches, v_caches, cache.pos_BxS)
     state = jax.lax.while_loop(cond, body, state)
-    return state[7], state[8], state[4], state[5], state[9], state[10]
+    return (state[7], state[8], state[4], state[5], state[9], state[10]), (state[11], state[12], state[13])
 
 
 @functools.lru_cache(maxsize=None)
 def compiled_program(cfg):
     """The jitted generation program of a model config, shared by all samplers of that config
     (a policy rebuilt with new params reuses what was compiled)."""
-    return jax.jit(functools.partial(_generate_program, cfg), static_argnames=("max_new", "pad_id", "num_top"))
+    return jax.jit(functools.partial(_generate_program, cfg),
+                   static_argnames=("max_new", "pad_id", "num_top", "kv_dtype"))
 
 
 class Sampler:
@@ -200,12 +247,18 @@ class Sampler:
 
     def __init__(self, cfg, *, eos_ids: Sequence[int] = (), pad_id: int = 0,
                  batch_buckets: Sequence[int] | None = None, prompt_min: int = 32,
-                 prompt_step: int = 512, max_new_min: int = 16):
+                 prompt_step: int = 512, max_new_min: int = 16, kv_dtype: str = ""):
         self.cfg = cfg
         self.eos_ids = tuple(int(i) for i in eos_ids)
         self.pad_id = int(pad_id)
         self.batch_buckets = tuple(batch_buckets) if batch_buckets else None
         self.prompt_min, self.prompt_step, self.max_new_min = prompt_min, prompt_step, max_new_min
+        # The KV cache's dtype ("" = the compute dtype). bfloat16 halves the bytes a decode step
+        # reads; keys and values are rounded to 8 mantissa bits, so logprobs move by a bounded
+        # amount (tests/rollout/test_sampler.py) and the trainer's recomputation sees the gap.
+        if kv_dtype and jnp.dtype(kv_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+            raise ValueError(f"kv_dtype={kv_dtype!r} is not '', 'float32' or 'bfloat16'")
+        self.kv_dtype = jnp.dtype(kv_dtype).name if kv_dtype else ""
         self._program = compiled_program(cfg)
         self._shapes: set[tuple] = set()
 
@@ -215,18 +268,31 @@ class Sampler:
 
     @property
     def compiled_shapes(self) -> list[tuple]:
-        """(batch, prompt_len, max_new, num_stop_seqs, stop_len, num_top) of every compiled program."""
+        """(batch, prefix slots, prompt_len, max_new, num_stop_seqs, stop_len, num_top) of every
+        compiled program (prefix slots: the kept cache a turn continues, 0 for a fresh prefill)."""
         return sorted(self._shapes)
 
     def generate(self, params, prompts: list[list[int]], sampling, rng,
                  stop_sequences: Sequence[Sequence] | None = None,
-                 num_top_logprobs: int = 0) -> list[SampleOutput]:
+                 num_top_logprobs: int = 0,
+                 streams: Sequence[tuple[int, int]] | None = None,
+                 prefix: Prefix | None = None, offsets: Sequence[int] | None = None,
+                 keep_cache: bool = False):
         """Samples one continuation per prompt.
 
         `sampling` is one `SamplingParams` or one per prompt; `stop_sequences[i]` (optional) adds
         stop ids / id tuples for row i to its `stop_token_ids` and the sampler's `eos_ids`. With
         `num_top_logprobs` k > 0 each output also holds the k most likely ids and their logprobs at
         each step (the ids sampled do not change). Deterministic for a given `rng` and inputs.
+
+        `streams[i]` = (stream id, turn) keys row i's draws (`row_keys`), so a row samples the same
+        tokens whatever batch it shares and wherever it sits in it (the training loop keys each
+        episode by its index in the step, which is what lets several processes split a step's
+        episodes and draw what one process would). Default: (row index, 0).
+
+        KV reuse: with `prefix` (batch dimension `batch_size(len(prompts))`), `prompts[i]` holds
+        only the tokens that follow row i's cached sequence and `offsets[i]` is that sequence's
+        length (the first new token's position). `keep_cache=True` returns (outputs, `Kept`).
         """
         n = len(prompts)
         if n == 0:
@@ -266,24 +332,60 @@ class Sampler:
         max_new_rows = np.zeros((batch,), np.int32)
         for i, (p, s) in enumerate(zip(prompts, per_row)):
             tokens[i, prompt_len - len(p):] = p
-            positions[i, prompt_len - len(p):] = np.arange(len(p))
             temperature[i], top_p[i], top_k[i] = s.temperature, s.top_p, s.top_k
             greedy[i], max_new_rows[i] = s.greedy, s.max_new_tokens
             for j, q in enumerate(rows_stops[i]):
                 stops[i, j, stop_len - len(q):] = q
                 stop_mask[i, j, stop_len - len(q):] = True
 
-        shape = (batch, prompt_len, max_new, num_stops, stop_len, num_top)
+        stream = np.arange(batch, dtype=np.uint32)
+        turn = np.zeros((batch,), np.uint32)
+        if streams is not None:
+            if len(streams) != n:
+                raise ValueError(f"got {len(streams)} streams for {n} prompts")
+            for i, (sid, t) in enumerate(streams):
+                if not (0 <= sid < 2**32 and 0 <= t < 2**32):
+                    raise ValueError(f"stream {(sid, t)} of row {i}: ids must be in [0, 2**32)")
+                stream[i], turn[i] = sid, t
+
+        offsets = [0] * n if offsets is None else list(offsets)
+        if len(offsets) != n:
+            raise ValueError(f"got {len(offsets)} offsets for {n} prompts")
+        if prefix is None:
+            prefix = self.empty_prefix(batch)
+        elif prefix.pos_BxC.shape[0] != batch:
+            raise ValueError(f"prefix rows {prefix.pos_BxC.shape[0]} != batch bucket {batch}")
+        for i, (p, off) in enumerate(zip(prompts, offsets)):
+            positions[i, prompt_len - len(p):] = off + np.arange(len(p))
+        num_prefix = int(prefix.pos_BxC.shape[1])
+
+        shape = (batch, num_prefix, prompt_len, max_new, num_stops, stop_len, num_top)
         if shape not in self._shapes:
             self._shapes.add(shape)
-            log.info("sampler: compiling program %d for batch=%d prompt_len=%d max_new=%d "
+            log.info("sampler: compiling program %d for batch=%d prefix=%d prompt_len=%d max_new=%d "
                      "stops=%dx%d top_logprobs=%d", len(self._shapes), *shape)
-        out, lp, length, stopped, top_ids, top_lp = jax.device_get(self._program(
+        results, caches = self._program(
             params, tokens, positions, temperature, top_p, top_k, greedy, max_new_rows, stops,
-            stop_mask, rng, max_new=max_new, pad_id=self.pad_id, num_top=num_top))
+            stop_mask, rng, stream, turn, prefix.k, prefix.v, prefix.pos_BxC, max_new=max_new,
+            pad_id=self.pad_id, num_top=num_top, kv_dtype=self.kv_dtype)
+        out, lp, length, stopped, top_ids, top_lp = jax.device_get(results)
         k = num_top_logprobs
-        return [SampleOutput(ids=out[i, :length[i]].copy(), logprobs=lp[i, :length[i]].copy(),
+        outputs = [SampleOutput(ids=out[i, :length[i]].copy(), logprobs=lp[i, :length[i]].copy(),
                              finish_reason="stop" if stopped[i] else "length",
                              top_ids=top_ids[i, :length[i], :k].copy() if k else None,
                              top_logprobs=top_lp[i, :length[i], :k].copy() if k else None)
-                for i in range(n)]
+                   for i in range(n)]
+        if keep_cache:
+            return outputs, Kept(caches[0], caches[1], caches[2], num_prefix + prompt_len)
+        return outputs
+
+    def batch_size(self, n: int) -> int:
+        """The bucketed batch a call with n prompts runs at (a `Prefix` has this many rows)."""
+        return bucket_batch(n, self.batch_buckets)
+
+    def empty_prefix(self, batch: int) -> Prefix:
+        """A prefix of no slots: a fresh prefill."""
+        dtype = jnp.dtype(self.kv_dtype or self.cfg.dtype)
+        empty = jnp.zeros((batch, self.cfg.num_kv_heads, 0, self.cfg.head_dim), dtype)
+        layers = (empty,) * self.cfg.num_layers
+        return Prefix(layers, layers, jnp.zeros((batch, 0), jnp.int32))

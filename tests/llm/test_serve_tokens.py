@@ -280,7 +280,9 @@ def test_rollouts_through_the_server_are_the_jax_policys_streams(server, direct)
         for a, b in zip(r.segments, l.segments):
             np.testing.assert_array_equal(a.tokens, b.tokens)
             np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
-            np.testing.assert_array_equal(a.logprobs, b.logprobs)
+            # In process, later turns decode on the KV cache the last turn ended with; the server
+            # prefills each request in full. Same tokens, logprobs equal up to float32 summation order.
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
         assert int(r.segments[0].loss_mask.sum()) > 0
 
 

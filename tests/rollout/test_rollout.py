@@ -250,8 +250,8 @@ def tiny_model(tokenizer):
 
 
 class RecordingPolicy(JaxPolicy):
-    def generate(self, prompts, sampling):
-        gens = super().generate(prompts, sampling)
+    def generate(self, prompts, sampling, streams=None):
+        gens = super().generate(prompts, sampling, streams=streams)
         self.log.append((prompts, gens))
         return gens
 
