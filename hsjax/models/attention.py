@@ -2,14 +2,24 @@
 
 Mask rule (the whole contract): query slot i sees key slot j iff j <= i in slot order, both slots
 hold a real token (position >= 0), and, when segment ids are given, both share a segment id.
+
+Memory: dense attention holds float32 scores and probabilities of B x N x T x S. When those would
+pass `SCORE_CHUNK_BYTES`, `forward` uses `attend_chunked` instead: the same computation one block
+of query rows at a time (each row still takes its softmax over all S keys, so the result is the
+dense one up to float32 rounding), under `jax.checkpoint`, so neither the forward nor the backward
+ever holds more than one block's scores, and the B x T x S mask is never built.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 # Finite, so a fully masked row (a padding query) gets a uniform softmax instead of NaN.
 _MASKED_SCORE = -1e30
+# Bytes of float32 scores one attention block may hold (B x N x rows x S x 4).
+SCORE_CHUNK_BYTES = 64 << 20
 
 
 def causal_mask(
@@ -26,6 +36,67 @@ def causal_mask(
     if q_seg_BxT is not None:
         mask_BxTxS = mask_BxTxS & (q_seg_BxT[:, :, None] == k_seg_BxS[:, None, :])
     return mask_BxTxS
+
+
+class MaskRule(NamedTuple):
+    """The arguments of `causal_mask`, to build the mask one block of query rows at a time."""
+
+    q_pos_BxT: jnp.ndarray
+    k_pos_BxS: jnp.ndarray
+    q_slot_T: jnp.ndarray
+    k_slot_S: jnp.ndarray
+    q_seg_BxT: jnp.ndarray | None = None
+    k_seg_BxS: jnp.ndarray | None = None
+
+    def dense(self) -> jnp.ndarray:
+        return causal_mask(*self)
+
+
+def query_chunk(batch: int, num_heads: int, seq: int, slots: int,
+                budget: int = SCORE_CHUNK_BYTES) -> int:
+    """Query rows per block (a power of two) so that one block's float32 scores fit `budget`;
+    0 when the dense B x N x T x S scores fit it already."""
+    row_bytes = batch * num_heads * slots * 4
+    if seq * row_bytes <= budget:
+        return 0
+    rows = 1
+    while rows * 2 * row_bytes <= budget and rows * 2 < seq:
+        rows *= 2
+    return rows
+
+
+def attend_chunked(
+    q_BxTxNxH: jnp.ndarray,
+    k_BxSxKxH: jnp.ndarray,
+    v_BxSxKxH: jnp.ndarray,
+    rule: MaskRule,
+    chunk: int,
+) -> jnp.ndarray:
+    """`attend(q, k, v, rule.dense(), "xla")`, `chunk` query rows at a time (any T: the last
+    block is padded with queries that see nothing). Each block is rematerialised in the backward."""
+    b, t, n, h = q_BxTxNxH.shape
+    pad = -t % chunk
+    blocks = (t + pad) // chunk
+    q_pos_BxT, q_slot_T, q_seg_BxT = rule.q_pos_BxT, rule.q_slot_T, rule.q_seg_BxT
+    if pad:
+        q_BxTxNxH = jnp.pad(q_BxTxNxH, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        q_pos_BxT = jnp.pad(q_pos_BxT, ((0, 0), (0, pad)), constant_values=-1)
+        q_slot_T = jnp.pad(q_slot_T, (0, pad))
+        if q_seg_BxT is not None:
+            q_seg_BxT = jnp.pad(q_seg_BxT, ((0, 0), (0, pad)))
+    split_rows = lambda x_BxT: jnp.moveaxis(x_BxT.reshape(b, blocks, chunk, *x_BxT.shape[2:]), 1, 0)
+    xs = (split_rows(q_BxTxNxH), split_rows(q_pos_BxT), q_slot_T.reshape(blocks, chunk),
+          None if q_seg_BxT is None else split_rows(q_seg_BxT))
+
+    @jax.checkpoint
+    def one_block(args):
+        q_BxCxNxH, q_pos_BxC, q_slot_C, q_seg_BxC = args
+        mask_BxCxS = causal_mask(q_pos_BxC, rule.k_pos_BxS, q_slot_C, rule.k_slot_S, q_seg_BxC,
+                                 rule.k_seg_BxS)
+        return attend(q_BxCxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxCxS, "xla")
+
+    out_XxBxCxNxH = jax.lax.map(one_block, xs)
+    return jnp.moveaxis(out_XxBxCxNxH, 0, 1).reshape(b, t + pad, n, h)[:, :t]
 
 
 def attend(

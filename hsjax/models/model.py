@@ -29,10 +29,12 @@ import jax
 import jax.numpy as jnp
 
 from hsjax.models import rope
-from hsjax.models.attention import attend, causal_mask
+from hsjax.models.attention import MaskRule, attend, attend_chunked, query_chunk
 from hsjax.models.config import ModelConfig
 
 _INIT_STD = 0.02  # transformers' default initializer_range
+# Bytes of float32 MLP activations (B x positions x F x 4) one block of `mlp` may hold.
+MLP_CHUNK_BYTES = 64 << 20
 
 
 def _layer_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]:
@@ -161,6 +163,21 @@ def forward(
     S cached slots under the same rule; the returned cache has `end += T`. The cache must have
     room: `end + T <= S` (checked when not traced).
     """
+    x_BxTxD, cache = forward_hidden(cfg, params, tokens_BxT, positions_BxT, cache, segment_ids_BxT)
+    logits_BxTxV = logits(cfg, x_BxTxD, params["final_norm"], head_weight(cfg, params))
+    return logits_BxTxV.astype(jnp.float32), cache
+
+
+def forward_hidden(
+    cfg: ModelConfig,
+    params: dict,
+    tokens_BxT: jnp.ndarray,
+    positions_BxT: jnp.ndarray,
+    cache: KVCache | None = None,
+    segment_ids_BxT: jnp.ndarray | None = None,
+) -> tuple[jnp.ndarray, KVCache | None]:
+    """`forward` without the head: the last block's output x_BxTxD (before the final norm), for
+    callers that apply `logits` to a few rows at a time (`hsjax.rl.losses.token_logp_chunked`)."""
     batch, seq = tokens_BxT.shape
     dtype = jnp.dtype(cfg.dtype)
     positions_BxT = positions_BxT.astype(jnp.int32)
@@ -169,9 +186,8 @@ def forward(
 
     if cache is None:
         slots_T = jnp.arange(seq, dtype=jnp.int32)
-        mask_BxTxS = causal_mask(
-            positions_BxT, positions_BxT, slots_T, slots_T, segment_ids_BxT, segment_ids_BxT
-        )
+        rule = MaskRule(positions_BxT, positions_BxT, slots_T, slots_T, segment_ids_BxT,
+                        segment_ids_BxT)
     else:
         if segment_ids_BxT is not None:
             raise ValueError("segment_ids_BxT cannot be combined with a KV cache; pass cache=None.")
@@ -182,7 +198,11 @@ def forward(
         )
         q_slots_T = cache.end + jnp.arange(seq, dtype=jnp.int32)
         k_slots_S = jnp.arange(cache.pos_BxS.shape[1], dtype=jnp.int32)
-        mask_BxTxS = causal_mask(positions_BxT, cache.pos_BxS, q_slots_T, k_slots_S)
+        rule = MaskRule(positions_BxT, cache.pos_BxS, q_slots_T, k_slots_S)
+    # Long rows: the mask goes in as its rule and attention runs in query blocks (attention.py).
+    chunked = cfg.attention_impl == "xla" and query_chunk(
+        batch, cfg.num_heads, seq, rule.k_slot_S.shape[0]) > 0
+    mask_BxTxS = rule if chunked else rule.dense()
 
     end = None if cache is None else cache.end
     layer = functools.partial(_scan_layer, cfg, cos_BxTxH, sin_BxTxH, mask_BxTxS, end)
@@ -194,11 +214,9 @@ def forward(
         carry = (x_BxTxD, cache.k_LxBxSxKxH, cache.v_LxBxSxKxH)
     layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
     (x_BxTxD, k_cache, v_cache), _ = jax.lax.scan(layer, carry, (params["layers"], layer_ids))
-
-    logits_BxTxV = logits(cfg, x_BxTxD, params["final_norm"], head_weight(cfg, params))
     if cache is not None:
         cache = cache.replace(k_LxBxSxKxH=k_cache, v_LxBxSxKxH=v_cache, end=cache.end + seq)
-    return logits_BxTxV.astype(jnp.float32), cache
+    return x_BxTxD, cache
 
 
 def _check_cache_room(cache: KVCache, batch: int, seq: int) -> None:
@@ -238,7 +256,16 @@ def _scan_layer(cfg: ModelConfig, cos_BxTxH, sin_BxTxH, mask_BxTxS, end, carry, 
 
 def _attend_uncached(cfg: ModelConfig, mask_BxTxS, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH):
     """`attend_fn` without a cache: masked attention over the T new keys/values."""
-    return attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxS, cfg.attention_impl), None
+    return _attend(cfg, mask_BxTxS, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH), None
+
+
+def _attend(cfg: ModelConfig, mask_BxTxS, q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH):
+    """Dense `attend` given a mask; `attend_chunked` given a `MaskRule` (long rows)."""
+    if isinstance(mask_BxTxS, MaskRule):
+        batch, seq, num_heads, _ = q_BxTxNxH.shape
+        chunk = query_chunk(batch, num_heads, seq, keys_BxSxKxH.shape[1])
+        return attend_chunked(q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS, chunk)
+    return attend(q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS, cfg.attention_impl)
 
 
 def _attend_stacked_cache(
@@ -252,7 +279,7 @@ def _attend_stacked_cache(
     v_cache = jax.lax.dynamic_update_slice(v_cache, v_BxTxKxH[None].astype(v_cache.dtype), start)
     keys_BxSxKxH = jax.lax.dynamic_index_in_dim(k_cache, layer_id, keepdims=False).astype(dtype)
     values_BxSxKxH = jax.lax.dynamic_index_in_dim(v_cache, layer_id, keepdims=False).astype(dtype)
-    attn_BxTxNxH = attend(q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS, cfg.attention_impl)
+    attn_BxTxNxH = _attend(cfg, mask_BxTxS, q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH)
     return attn_BxTxNxH, (k_cache, v_cache)
 
 
@@ -275,7 +302,24 @@ def qkv(cfg: ModelConfig, p: dict, h_BxTxD, cos_BxTxH, sin_BxTxH):
 
 
 def mlp(p: dict, h_BxTxD):
-    """SwiGLU: down(silu(gate(h)) * up(h))."""
+    """SwiGLU: down(silu(gate(h)) * up(h)). Long rows run `MLP_CHUNK_BYTES`-sized blocks of
+    positions under `jax.checkpoint`, so no pass holds B x T x F activations (a decode step's
+    T = 1 never does: its program is the plain one)."""
+    batch, seq, _ = h_BxTxD.shape
+    row_bytes = batch * p["up_proj"].shape[-1] * 4
+    if seq * row_bytes <= MLP_CHUNK_BYTES:
+        return _mlp(p, h_BxTxD)
+    chunk = 1
+    while chunk * 2 * row_bytes <= MLP_CHUNK_BYTES and chunk * 2 < seq:
+        chunk *= 2
+    pad = -seq % chunk
+    h_XxBxCxD = jnp.moveaxis(jnp.pad(h_BxTxD, ((0, 0), (0, pad), (0, 0))).reshape(
+        batch, (seq + pad) // chunk, chunk, -1), 1, 0)
+    out_XxBxCxD = jax.lax.map(jax.checkpoint(functools.partial(_mlp, p)), h_XxBxCxD)
+    return jnp.moveaxis(out_XxBxCxD, 0, 1).reshape(batch, seq + pad, -1)[:, :seq]
+
+
+def _mlp(p: dict, h_BxTxD):
     gate_BxTxF = jax.nn.silu(jnp.einsum("btd,df->btf", h_BxTxD, p["gate_proj"]))
     up_BxTxF = jnp.einsum("btd,df->btf", h_BxTxD, p["up_proj"])
     return jnp.einsum("btf,fd->btd", gate_BxTxF * up_BxTxF, p["down_proj"])

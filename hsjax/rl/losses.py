@@ -10,17 +10,20 @@ Losses come back as (sum, denominator) pairs: the loss of a batch split into mic
 sum of the micro-batch sums over the sum of their denominators, exactly the full-batch value.
 """
 import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
 from hsjax.rl.advantages import get_advantage
+from hsjax.rl.logprob_gap import sampler_gap_terms
 
 AGGREGATIONS = ("token_mean", "sequence_mean")
 RESCUE_BASELINES = ("rescue", "with_base")
 IS_WEIGHTS = ("capped", "one")
 SumDen = Tuple[jax.Array, jax.Array]
+# Bytes of float32 logits one block of `token_logp_chunked` may hold (B x chunk x V x 4).
+LOGITS_CHUNK_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,18 +85,67 @@ def token_logp(
     Returns `(logp_BxT, entropy_BxT)` aligned with `tokens_BxT`; column 0 is 0 (no prediction).
     Entropy is the full-distribution entropy of the prediction of token t, under stop_gradient.
     """
+    next_BxT = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, 1)))
+    return _shift(*_next_token_logp(logits_BxTxV, next_BxT, temperature))
+
+
+def token_logp_chunked(
+    x_BxTxD: jax.Array,
+    tokens_BxT: jax.Array,
+    logits_fn: Callable[[jax.Array], jax.Array],
+    temperature: float = 1.0,
+    chunk: int = 0,
+) -> Tuple[jax.Array, jax.Array]:
+    """`token_logp(logits_fn(x_BxTxD), tokens_BxT, temperature)`, `chunk` positions at a time.
+
+    `logits_fn` maps hidden states BxCxD to logits BxCxV (e.g. `hsjax.models.model.logits` with
+    the final norm and head bound). Each block's logits are rematerialised in the backward, so
+    neither pass holds more than B x chunk x V of them. `chunk=0` picks the largest power of two
+    whose float32 logits fit `LOGITS_CHUNK_BYTES`; with every position in one block this is
+    exactly `token_logp`.
+    """
+    b, t, _ = x_BxTxD.shape
+    if not chunk:
+        vocab = jax.eval_shape(logits_fn, x_BxTxD[:, :1]).shape[-1]
+        chunk = 1
+        while chunk * 2 * b * vocab * 4 <= LOGITS_CHUNK_BYTES and chunk < t:
+            chunk *= 2
+    next_BxT = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, 1)))
+    if chunk >= t:
+        return _shift(*_next_token_logp(logits_fn(x_BxTxD), next_BxT, temperature))
+    pad = -t % chunk
+    blocks = (t + pad) // chunk
+    split = lambda x: jnp.moveaxis(  # noqa: E731
+        jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2)).reshape(b, blocks, chunk, *x.shape[2:]),
+        1, 0)
+
+    @jax.checkpoint
+    def one_block(args):
+        x_BxCxD, next_BxC = args
+        return _next_token_logp(logits_fn(x_BxCxD), next_BxC, temperature)
+
+    logp_XxBxC, entropy_XxBxC = jax.lax.map(one_block, (split(x_BxTxD), split(next_BxT)))
+    join = lambda y_XxBxC: jnp.moveaxis(y_XxBxC, 0, 1).reshape(b, t + pad)[:, :t]  # noqa: E731
+    return _shift(join(logp_XxBxC), join(entropy_XxBxC))
+
+
+def _next_token_logp(logits_BxTxV, next_BxT, temperature):
+    """Log probability of `next_BxT` and entropy (under stop_gradient) at each position."""
     logits_BxTxV = logits_BxTxV.astype(jnp.float32)
     if temperature != 1.0:
         logits_BxTxV = logits_BxTxV / temperature
-    # Work on all T positions and shift the small [B, T] results, not the [B, T, V] logits.
-    next_BxT = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, 1)))
     lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
     target_BxT = jnp.take_along_axis(logits_BxTxV, next_BxT[..., None], axis=-1)[..., 0]
     logits_sg_BxTxV, lse_sg_BxT = jax.lax.stop_gradient((logits_BxTxV, lse_BxT))
     probs_BxTxV = jnp.exp(logits_sg_BxTxV - lse_sg_BxT[..., None])
     entropy_BxT = lse_sg_BxT - jnp.sum(probs_BxTxV * logits_sg_BxTxV, axis=-1)
-    shift = lambda x_BxT: jnp.pad(x_BxT[:, :-1], ((0, 0), (1, 0)))
-    return shift(target_BxT - lse_BxT), shift(entropy_BxT)
+    return target_BxT - lse_BxT, entropy_BxT
+
+
+def _shift(logp_BxT, entropy_BxT):
+    """Results at t - 1 (the prediction of token t) moved to t; column 0 gets 0."""
+    shift = lambda x_BxT: jnp.pad(x_BxT[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
+    return shift(logp_BxT), shift(entropy_BxT)
 
 
 def target_mask(loss_mask_BxT: jax.Array, segment_ids_BxT: jax.Array) -> jax.Array:
@@ -174,4 +226,8 @@ def policy_loss_terms(
         "ratio/max": jnp.max(jnp.where(mask_BxT, ratio_sg_BxT, -jnp.inf)),
         "ratio/min": jnp.min(jnp.where(mask_BxT, ratio_sg_BxT, jnp.inf)),
     }
+    # How far the sampler's logprobs are from this recomputation (a rollout backend's error).
+    gap_terms, gap_extrema = sampler_gap_terms(logp_BxT, old_logp_BxT, mask_BxT, recontext_B)
+    terms.update(gap_terms)
+    extrema.update(gap_extrema)
     return terms, extrema

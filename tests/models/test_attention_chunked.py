@@ -1,0 +1,130 @@
+"""The long-row paths against the dense ones, values and gradients: chunked attention (query
+blocks under remat) under causal, padding and packed-segment masks, with and without a KV cache,
+and the MLP over blocks of positions."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hsjax.models import attention, model
+from hsjax.models.attention import MaskRule, attend, attend_chunked, query_chunk
+from hsjax.models.model import forward, init_cache, init_params
+from hsjax.models.presets import get_preset
+
+CFG = get_preset("tiny", num_layers=2)
+
+
+def rule_for(T, seed, segments):
+    """Left padding of a few slots in some rows, optionally two packed segments per row."""
+    rng = np.random.default_rng(seed)
+    B = 3
+    pos = np.tile(np.arange(T, dtype=np.int32), (B, 1))
+    seg = np.ones((B, T), np.int32)
+    for b in range(B):
+        pad = int(rng.integers(0, T // 3))
+        pos[b, :pad] = -1
+        seg[b, :pad] = 0
+        if segments:
+            cut = int(rng.integers(pad + 1, T))
+            seg[b, cut:] = 2
+            pos[b, cut:] = np.arange(T - cut)
+        pos[b, pad:] = pos[b, pad:] - pos[b, pad]
+    slots = jnp.arange(T, dtype=jnp.int32)
+    seg = jnp.asarray(seg) if segments else None
+    return MaskRule(jnp.asarray(pos), jnp.asarray(pos), slots, slots, seg, seg)
+
+
+def qkv(T, seed, N=4, K=2, H=8):
+    keys = jax.random.split(jax.random.key(seed), 3)
+    B = 3
+    return (jax.random.normal(keys[0], (B, T, N, H)), jax.random.normal(keys[1], (B, T, K, H)),
+            jax.random.normal(keys[2], (B, T, K, H)))
+
+
+@pytest.mark.parametrize("T,chunk", [(16, 4), (37, 8), (50, 16), (9, 16)])
+@pytest.mark.parametrize("segments", [False, True])
+def test_chunked_attention_matches_dense_values_and_grads(T, chunk, segments):
+    rule = rule_for(T, seed=T, segments=segments)
+    q, k, v = qkv(T, seed=T + 1)
+    w = jax.random.normal(jax.random.key(7), q.shape)  # a loss that weighs every output
+
+    # Compiled: op-by-op dispatch of the blocked backward is what would take the time here.
+    dense = jax.jit(lambda q, k, v: attend(q, k, v, rule.dense(), "xla"))
+    chunked = jax.jit(lambda q, k, v: attend_chunked(q, k, v, rule, chunk))
+    np.testing.assert_allclose(chunked(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-6)
+
+    loss = lambda f, *a: jnp.sum(w * f(*a))  # noqa: E731
+    g_dense = jax.jit(jax.grad(functools.partial(loss, dense), argnums=(0, 1, 2)))(q, k, v)
+    g_chunked = jax.jit(jax.grad(functools.partial(loss, chunked), argnums=(0, 1, 2)))(q, k, v)
+    for a, b in zip(g_chunked, g_dense):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # Padding queries see nothing and return zeros on both paths.
+    pad_BxT = np.asarray(rule.q_pos_BxT) < 0
+    assert np.all(np.asarray(chunked(q, k, v))[pad_BxT] == 0)
+
+
+def test_query_chunk_budget():
+    assert query_chunk(2, 4, 16, 16) == 0  # dense scores fit
+    rows = query_chunk(64, 4, 2048, 2048)
+    assert rows == 32 and 64 * 4 * rows * 2048 * 4 <= attention.SCORE_CHUNK_BYTES
+    assert query_chunk(1, 1, 8, 8, budget=4 * 8) == 1
+
+
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_forward_chunked_matches_dense(monkeypatch, with_cache):
+    """`forward` switches to query blocks once dense scores pass the budget; same logits and
+    gradients as the dense path (T = 45 is not a multiple of the blocks)."""
+    params = init_params(CFG, jax.random.key(0))
+    T = 45
+    rule = rule_for(T, seed=3, segments=not with_cache)
+    tokens = jax.random.randint(jax.random.key(1), (3, T), 1, CFG.vocab_size)
+
+    def run(p):
+        if with_cache:
+            cache = init_cache(CFG, 3, T + 3)
+            logits, _ = forward(CFG, p, tokens, rule.q_pos_BxT, cache)
+        else:
+            logits, _ = forward(CFG, p, tokens, rule.q_pos_BxT, segment_ids_BxT=rule.q_seg_BxT)
+        return logits
+
+    def logits_and_grads():
+        loss = lambda p: jnp.sum(jnp.sin(run(p)) * (rule.q_pos_BxT >= 0)[..., None])  # noqa: E731
+        return jax.jit(run)(params), jax.jit(jax.grad(loss))(params)
+
+    dense_logits, dense_grads = logits_and_grads()
+    monkeypatch.setattr(attention, "SCORE_CHUNK_BYTES", 3 * 4 * 48 * 4 * 8)  # 8-row blocks
+    seen = []
+    real = attention.attend_chunked
+    monkeypatch.setattr("hsjax.models.model.attend_chunked",
+                        lambda *a: seen.append(a[-1]) or real(*a))
+    monkeypatch.setattr("hsjax.models.model.query_chunk",
+                        functools.partial(query_chunk, budget=3 * 4 * 48 * 4 * 8))
+    chunk_logits, chunk_grads = logits_and_grads()
+    assert seen and set(seen) == {8}
+    valid = np.asarray(rule.q_pos_BxT) >= 0
+    np.testing.assert_allclose(np.asarray(chunk_logits)[valid], np.asarray(dense_logits)[valid],
+                               rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(chunk_grads), jax.tree.leaves(dense_grads)):
+        # Float32 rounding of sums over every token: relative to the gradient's scale.
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(b))))
+
+
+def test_mlp_blocks_match_dense(monkeypatch):
+    """`mlp` over blocks of positions (T = 45, blocks of 8) against the plain SwiGLU."""
+    params = init_params(CFG, jax.random.key(0))
+    p = jax.tree.map(lambda w: w[0], params["layers"])
+    h = jax.random.normal(jax.random.key(4), (3, 45, CFG.hidden_size))
+    w = jax.random.normal(jax.random.key(5), h.shape)
+    loss = lambda p, h: jnp.sum(w * model.mlp(p, h))  # noqa: E731
+    dense_out, dense_grads = model.mlp(p, h), jax.grad(loss, argnums=(0, 1))(p, h)
+    monkeypatch.setattr(model, "MLP_CHUNK_BYTES", 3 * 8 * CFG.intermediate_size * 4)
+    calls = []
+    real = model._mlp
+    monkeypatch.setattr(model, "_mlp", lambda p, x: calls.append(x.shape) or real(p, x))
+    out, grads = model.mlp(p, h), jax.grad(loss, argnums=(0, 1))(p, h)
+    assert (3, 8, CFG.hidden_size) in calls
+    np.testing.assert_allclose(out, dense_out, rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(dense_grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(b))))
