@@ -21,7 +21,7 @@ import tempfile
 from absl import app, flags
 from ml_collections import config_flags
 
-from hsjax.infra import console
+from hsjax.infra import console, distributed
 from hsjax.infra.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -103,8 +103,13 @@ def main(argv):
         errors = unread_overrides(config_flags.get_override_values(flags.FLAGS["config"]), module.unread(config))
         if errors:
             fail("; ".join(errors) + ". Drop the override, or choose the kind that reads it.")
+    if "distributed" in config:  # before anything touches a device
+        distributed.initialize(config.distributed)
     check_writable(workdir)
-    log_path = console.setup_logging(workdir, verbose=_VERBOSE.value)
+    log_path = console.setup_logging(workdir, verbose=_VERBOSE.value,
+                                     process_index=distributed.process_index())
+    console.route_native_stdout(log_path)
+    distributed.log_topology()
     console.say(f"{mode}: {config_flags.get_config_filename(flags.FLAGS['config'])} -> {workdir} (log: {log_path})")
     try:
         module.main(config, workdir)

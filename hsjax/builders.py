@@ -29,6 +29,7 @@ from hsjax.models import presets
 from hsjax.models.hf import load_tokenizer_file
 from hsjax.models.tokenizer import tiny_tokenizer
 from hsjax.rollout.policy import JaxPolicy, SamplingParams
+from hsjax.rollout.vllm_policy import VllmOptions, VllmPolicy
 
 # Keys of a block that only some kinds read: {kind: keys read besides `kind`}.
 _HTTP_KEYS = ("base_url", "model", "api_key_env", "timeout", "max_retries", "backoff", "max_backoff",
@@ -151,7 +152,7 @@ def make_model(config):
             cfg, params, tokenizer, _ = load_model(config.model.hf_dir)
         runtime = {k: config.model[k] for k in RUNTIME_FIELDS if k in config.model}
         return dataclasses.replace(cfg, **runtime), params, tokenizer
-    with user_input(f"model.tokenizer={config.model.get('tokenizer')!r}", "Use 'tiny' or 'tiny_qwen2'."):
+    with user_input(f"model.tokenizer={config.model.get('tokenizer')!r}", "Use 'tiny', 'tiny_qwen2' or 'tiny_words'."):
         cfg, tokenizer, _ = model_of_block(config.model)
     params = models.init_params(cfg, jax.random.PRNGKey(config.seed))
     return cfg, params, tokenizer
@@ -299,6 +300,33 @@ def policy_unread(block, path: str = "policy") -> dict[str, str]:
     return unread_keys(block, path, POLICY_READS)
 
 
+def make_rollout_policy(config, model_cfg, params, tokenizer):
+    """The training loop's policy: `rollout.backend` 'jax' (`JaxPolicy`, the default) or 'vllm'
+    (`VllmPolicy`, engine options from `rollout.vllm`; a 0 leaves vLLM's default)."""
+    backend = config.rollout["backend"] if "backend" in config.rollout else "jax"
+    if backend == "jax":
+        options = {k: config.rollout[k] for k in ("kv_reuse", "kv_dtype") if k in config.rollout}
+        with user_input(f"rollout.kv_dtype={options.get('kv_dtype')!r}", "Use '', 'float32' or 'bfloat16'."):
+            return JaxPolicy(model_cfg, params, tokenizer, seed=config.seed, **options)
+    if backend != "vllm":
+        raise UserError(f"rollout.backend={backend!r} is not one of ['jax', 'vllm']")
+    block = dict(config.rollout.vllm)
+    options = VllmOptions(weight_sync=block.pop("weight_sync"), engine_kwargs={k: v for k, v in block.items() if v})
+    try:
+        return VllmPolicy(model_cfg, params, tokenizer, seed=config.seed, options=options)
+    except ImportError as e:
+        raise UserError(f"rollout.backend='vllm': {e}; or keep --config.rollout.backend=jax") from e
+
+
+def rollout_unread(config) -> dict[str, str]:
+    if "vllm" not in config.rollout:
+        return {}
+    if config.rollout.backend == "vllm":
+        return {k: "rollout.backend='vllm' keeps its own cache" for k in ("rollout.kv_reuse", "rollout.kv_dtype")
+                if k.split(".")[1] in config.rollout}
+    return {f"rollout.vllm.{k}": "rollout.backend='jax' never reads it" for k in config.rollout.vllm}
+
+
 # ------------------------------------------------------------------------------------------------
 # Rescue
 
@@ -356,10 +384,11 @@ class _NoVoters:
         pass
 
 
-def start_local_voters(config, workdir: str):
-    """Starts the voter servers a Harness-S run asks for (`config.router.local_voters`)."""
+def start_local_voters(config, workdir: str, *, start: bool = True):
+    """Starts the voter servers a Harness-S run asks for (`config.router.local_voters`); none when
+    `start` is false (the processes of a multi-process run that make no router decisions)."""
     kinds = config.router.local_voters if config.rescue.kind == "harness_s" and "router" in config else ()
-    if not kinds:
+    if not kinds or not start:
         return _NoVoters()
     hf_dir = str(paths.resolve(config.model.hf_dir)) if config.model.hf_dir else None
     if "policy" in kinds and hf_dir and not is_hf_dir(pathlib.Path(hf_dir)):

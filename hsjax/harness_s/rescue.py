@@ -112,19 +112,31 @@ def dominant_failure_mode(results: Sequence[dict]) -> str:
     return min(counts, key=lambda mode: (-counts[mode], mode))
 
 
+def plan_rescue(step: int, tasks: Sequence, groups: Sequence[Sequence], rescuer: Rescuer, *,
+                threshold: float) -> list[tuple[int, Any]]:
+    """(group index, sibling spec) for every sibling the rescuer chooses for an all-fail group
+    (every base result below `threshold`), in group order."""
+    plan = []
+    for g, (task, trajs) in enumerate(zip(tasks, groups)):
+        results = [t.result for t in trajs]
+        if rescuer.k and not any(is_success(r, threshold) for r in results):
+            plan.extend((g, spec) for spec in rescuer.choose(step, g, task, results))
+    return plan
+
+
 def rescue_failed_groups(step: int, tasks: Sequence, groups: Sequence[Sequence], rescuer: Rescuer,
-                         runner: EpisodeRunner, sampling, *, m: int, threshold: float):
+                         runner: EpisodeRunner, sampling, *, m: int, threshold: float,
+                         plan: Sequence[tuple[int, Any]] | None = None):
     """Re-rolls each all-fail group (every base result below `threshold`) under the rescuer's
     choices, `m` rollouts per sibling, in one runner call.
 
     `groups[g]` holds the base trajectories of `tasks[g]`. Returns, per group, the rescue
     trajectories with their sibling's name, and one outcome record per rescue rollout (what the
-    rescuer observes: harness, task, the base group's dominant failure mode, success, cost)."""
-    plan = []  # (group index, spec)
-    for g, (task, trajs) in enumerate(zip(tasks, groups)):
-        results = [t.result for t in trajs]
-        if rescuer.k and not any(is_success(r, threshold) for r in results):
-            plan.extend((g, spec) for spec in rescuer.choose(step, g, task, results))
+    rescuer observes: harness, task, the base group's dominant failure mode, success, cost).
+    `plan` (default: `plan_rescue` here) is given when the choices were made elsewhere (by the
+    first process of a multi-process run)."""
+    if plan is None:
+        plan = plan_rescue(step, tasks, groups, rescuer, threshold=threshold)
     rescued: list[list] = [[] for _ in groups]
     outcomes: list[dict] = []
     if not plan:

@@ -18,16 +18,22 @@ import tqdm
 from hsjax.infra import secrets
 
 LOG_FILE = "log.txt"
+_quiet = False  # set on every process but the first of a multi-process run
 _FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 _MARK = "_hsjax_handler"
 
 
-def setup_logging(workdir: str, *, verbose: bool = False) -> str:
+def setup_logging(workdir: str, *, verbose: bool = False, process_index: int = 0) -> str:
     """Routes logging: INFO and above to `<workdir>/log.txt`, the console WARNING (INFO if
     `verbose`). Replaces the handlers on the root logger (absl's included); returns the log path.
-    Each handler carries a `secrets.RedactingFilter`, so no registered key reaches either."""
+    Each handler carries a `secrets.RedactingFilter`, so no registered key reaches either.
+
+    In a multi-process run, process i > 0 logs to `log.process<i>.txt` and prints nothing but its
+    warnings and errors: the console is process 0's."""
+    global _quiet
+    _quiet = process_index > 0
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, LOG_FILE)
+    path = os.path.join(workdir, LOG_FILE if process_index == 0 else f"log.process{process_index}.txt")
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
@@ -47,8 +53,24 @@ def setup_logging(workdir: str, *, verbose: bool = False) -> str:
     return path
 
 
+def route_native_stdout(log_path: str) -> None:
+    """Points file descriptor 1 at the log file and keeps Python's `sys.stdout` (the console) on a
+    duplicate of what it was. Native libraries write to descriptor 1 themselves, past `logging`:
+    gloo, JAX's CPU collectives, prints a connection line per peer from several threads, which
+    interleave mid-line. For `run.py` only: it changes the process's descriptors for good."""
+    sys.stdout.flush()
+    console_fd = os.dup(1)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log_fd, 1)
+    os.close(log_fd)
+    sys.stdout = os.fdopen(console_fd, "w", buffering=1, encoding=sys.stdout.encoding or "utf-8",
+                           errors=sys.stdout.errors or "strict")
+
+
 def say(text: str) -> None:
-    """A line for the console (beside a progress bar, if one is drawn)."""
+    """A line for the console (beside a progress bar, if one is drawn); process 0's only."""
+    if _quiet:
+        return
     tqdm.tqdm.write(text, file=sys.stdout)
     sys.stdout.flush()
 

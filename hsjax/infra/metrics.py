@@ -53,18 +53,23 @@ def truncate_strings(value: Any, max_chars: int) -> Any:
 
 
 class MetricWriter:
-    """Appends metric rows to `<workdir>/metrics.jsonl` and mirrors scalars to TensorBoard."""
+    """Appends metric rows to `<workdir>/metrics.jsonl` and mirrors scalars to TensorBoard.
+    Disabled (`enabled=False`: every process of a multi-process run but the first), it writes
+    nothing and `write` still returns the row."""
 
-    def __init__(self, workdir: str, tensorboard: bool = True):
+    def __init__(self, workdir: str, tensorboard: bool = True, enabled: bool = True):
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self.enabled = enabled
         self._tb = None
-        if tensorboard:
+        if tensorboard and enabled:
             from tensorboardX import SummaryWriter  # Imported lazily: only the loop needs it.
             self._tb = SummaryWriter(os.path.join(workdir, "tb"))
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
         row = {"step": int(step)}
         row.update({k: to_python(v) for k, v in metrics.items()})
+        if not self.enabled:
+            return row
         with open(self.path, "a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
         if self._tb is not None:
@@ -76,7 +81,8 @@ class MetricWriter:
 
     def truncate_after(self, step: int) -> None:
         """Drops rows written after `step`: a resumed run rewrites them exactly, without duplicates."""
-        truncate_jsonl_after(self.path, step)
+        if self.enabled:
+            truncate_jsonl_after(self.path, step)
 
     def close(self) -> None:
         if self._tb is not None:

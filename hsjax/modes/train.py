@@ -21,16 +21,16 @@ import numpy as np
 import tqdm
 
 from hsjax import builders
-from hsjax.harness_s.rescue import rescue_failed_groups
+from hsjax.harness_s.rescue import plan_rescue, rescue_failed_groups
 from hsjax.infra import checkpoint as ckpt_lib
-from hsjax.infra import console, sharding
+from hsjax.infra import console, distributed, sharding
 from hsjax.infra import metrics as metrics_lib
 from hsjax.rl import batch as batch_lib
 from hsjax.rl import grpo, optim
 from hsjax.rl.losses import LossConfig
 from hsjax.rl.task_stream import TaskStream
-from hsjax.rollout.policy import JaxPolicy, render_prompt
-from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
+from hsjax.rollout.policy import render_prompt
+from hsjax.rollout.runner import Job, ProcessShardedRunner, episode_record
 from hsjax.rollout.streams import rerender_with_prefix
 
 log = logging.getLogger(__name__)
@@ -43,13 +43,16 @@ STEP_LINE = {"reward": "reward/mean", "rescued groups": "rescue/groups_rolled",
 def unread(config) -> dict[str, str]:
     """{key: why} for keys this config holds that its chosen kinds never read (run.py rejects
     overriding them)."""
-    out = {**builders.rescue_unread(config), **builders.benchmark_unread(config)}
+    out = {**builders.rescue_unread(config), **builders.benchmark_unread(config), **builders.rollout_unread(config)}
     if not config.dapo.enabled:
         out["dapo.max_draws"] = "dapo.enabled=False"
     if config.model.hf_dir:
         out["model.preset"] = out["model.tokenizer"] = "model.hf_dir is set: the model comes from there"
     if "router" in config and not config.router.local_voters:
         out["router.local_timeout_s"] = "router.local_voters is empty"
+    if "distributed" in config and not config.distributed.enabled:
+        for key in ("coordinator_address", "num_processes", "process_id", "initialization_timeout_s"):
+            out[f"distributed.{key}"] = "distributed.enabled=False"
     return out
 
 
@@ -139,8 +142,9 @@ def evaluate(step, runner, bench, base, eval_sets, config, workdir):
         sampling = phase_sampling(runner.policy, config.eval, phase_seed(config.seed, step, 2000))
         records = [episode_record(t) for t in runner.run([Job(base, task) for task in tasks], sampling)]
         summary = bench.summarize(records)
-        metrics_lib.write_json(os.path.join(workdir, "eval", f"{split}_step{step:06d}.json"),
-                               {"step": step, "summary": summary, "episodes": records})
+        if distributed.is_main():
+            metrics_lib.write_json(os.path.join(workdir, "eval", f"{split}_step{step:06d}.json"),
+                                   {"step": step, "summary": summary, "episodes": records})
         prefix = f"eval/{split}/base"
         out[f"{prefix}/success"] = float(np.mean([r["success"] for r in records])) if records else 0.0
         out[f"{prefix}/{bench.headline}"] = summary.get(bench.headline, 0.0)
@@ -194,14 +198,17 @@ def main(config, workdir: str) -> dict:
     # Workdir: the config is written only now that what it names (benchmark, pool, splits, model) has
     # loaded, so a launch with a bad value leaves a resumable workdir's config.json as it was.
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-    policy = JaxPolicy(model_cfg, params, tokenizer, seed=config.seed)
-    # Each phase (base draws, rescue, evaluation) runs its episodes in one batch; the runner counts
-    # the executor rollouts of every phase.
-    runner = EpisodeRunner(bench.make_episode, policy, builders.sampling_params(config.rollout, config.seed),
-                           batch_size=1 << 30, env_workers=config.rollout.env_workers,
-                           max_context_tokens=config.rollout.max_context_tokens)
+    if distributed.is_main():
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    # Each process samples with its own full copy of the params (`distributed.local_copy`), with
+    # the JAX sampler or a vLLM engine (`rollout.backend`).
+    policy = builders.make_rollout_policy(config, model_cfg, distributed.local_copy(params), tokenizer)
+    # Each phase (base draws, rescue, evaluation) runs its episodes in one batch, split across the
+    # processes of a multi-process run; the runner counts the executor rollouts of every phase.
+    runner = ProcessShardedRunner(bench.make_episode, policy, builders.sampling_params(config.rollout, config.seed),
+                                  batch_size=1 << 30, env_workers=config.rollout.env_workers,
+                                  max_context_tokens=config.rollout.max_context_tokens)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rerender = in_base_context(bench, base, tokenizer) if config.loss.rescue_context == "base" else None
 
@@ -218,7 +225,9 @@ def main(config, workdir: str) -> dict:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     state = jax.tree.map(lambda x: x if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
                          else jax.device_put(x, replicated), state)
-    local_voters = builders.start_local_voters(config, workdir)
+    # Router decisions are made by process 0 alone (LLM votes need not repeat), so only it starts
+    # the voter servers.
+    local_voters = builders.start_local_voters(config, workdir, start=distributed.is_main())
     rescuer = builders.make_rescuer(config, pool, extra_voters=local_voters.specs)
     harness_ids = {spec.name: i for i, spec in enumerate([base, *builders.rescue_harnesses(config, pool)])}
     data = TaskStream(train_tasks, seed=config.seed)
@@ -228,7 +237,8 @@ def main(config, workdir: str) -> dict:
     # ----------------------------------------------------------------------------------------------
     # Checkpoint: resume from the latest good one.
     checkpointer = ckpt_lib.Checkpointer(workdir, keep=config.checkpoint.keep)
-    writer = metrics_lib.MetricWriter(workdir, tensorboard=config.log.tensorboard)
+    writer = metrics_lib.MetricWriter(workdir, tensorboard=config.log.tensorboard,
+                                      enabled=distributed.is_main())
     start_step = 0
     restored = checkpointer.restore_latest(state)
     if restored is not None:
@@ -239,7 +249,8 @@ def main(config, workdir: str) -> dict:
     writer.truncate_after(start_step)
     # Router decisions carry the 0-based index of the step that made them.
     decisions_path = os.path.join(workdir, "router_decisions.jsonl")
-    metrics_lib.truncate_jsonl_after(decisions_path, start_step - 1)
+    if distributed.is_main():
+        metrics_lib.truncate_jsonl_after(decisions_path, start_step - 1)
 
     # ----------------------------------------------------------------------------------------------
     # Update step.
@@ -258,10 +269,12 @@ def main(config, workdir: str) -> dict:
     if previous:
         totals = {k: previous[-1].get(k, 0) for k in totals}
     progress = tqdm.trange(start_step, config.total_steps, initial=start_step, total=config.total_steps,
-                           desc="train", disable=not config.log.progress)
+                           desc="train", disable=not (config.log.progress and distributed.is_main()))
     # The voter servers, metric writer, checkpointer and benchmark are closed however the loop ends.
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(bench.close)
+        if hasattr(policy, "close"):
+            cleanup.callback(policy.close)
         cleanup.callback(local_voters.close)
         cleanup.callback(writer.close)
         cleanup.callback(checkpointer.close)
@@ -273,14 +286,16 @@ def main(config, workdir: str) -> dict:
             console.say(console.step_line(0, config.total_steps, last, _eval_keys(last)))
         for step in progress:
             t_step = time.perf_counter()
-            policy.update_params(state.params)
+            policy.update_params(distributed.local_copy(state.params))
             before = runner.rollouts
             tasks, groups, dapo_stats = draw_groups(data, step, runner, base, config)
             drawn = runner.rollouts
+            plan = distributed.from_main(lambda: plan_rescue(
+                step, tasks, groups, rescuer, threshold=config.loss.success_threshold))
             rescued, outcomes = rescue_failed_groups(
                 step, tasks, groups, rescuer, runner,
                 phase_sampling(policy, config.rollout, phase_seed(config.seed, step, 1000)),
-                m=config.rescue.m, threshold=config.loss.success_threshold)
+                m=config.rescue.m, threshold=config.loss.success_threshold, plan=plan)
             rescuer.observe(step, outcomes)
             rollouts = {"rollouts/base": drawn - before, "rollouts/rescue": runner.rollouts - drawn}
             t_rollout = time.perf_counter() - t_step
@@ -303,13 +318,14 @@ def main(config, workdir: str) -> dict:
             done = step + 1
             if config.eval.every and (done % config.eval.every == 0 or done == config.total_steps):
                 t0 = time.perf_counter()
-                policy.update_params(state.params)
+                policy.update_params(distributed.local_copy(state.params))
                 metrics.update(evaluate(done, runner, bench, base, eval_sets, config, workdir))
                 metrics["time/eval"] = time.perf_counter() - t0
-            if config.log.episodes_every and done % config.log.episodes_every == 0:
+            if config.log.episodes_every and done % config.log.episodes_every == 0 and distributed.is_main():
                 trajs = [t for ts in groups for t in ts] + [t for pairs in rescued for t, _ in pairs]
                 metrics_lib.write_episodes(workdir, done, [episode_record(t) for t in trajs])
-            metrics_lib.append_jsonl(decisions_path, rescuer.drain_log())
+            if distributed.is_main():
+                metrics_lib.append_jsonl(decisions_path, rescuer.drain_log())
             metrics.update(rescuer.metrics())
             metrics["time/step"] = time.perf_counter() - t_step
             last = writer.write(done, metrics)
@@ -318,8 +334,11 @@ def main(config, workdir: str) -> dict:
             if done % config.log.print_every == 0 or done == config.total_steps:
                 console.say(console.step_line(done, config.total_steps, metrics, {**STEP_LINE, **_eval_keys(metrics)}))
             if done % config.checkpoint.every == 0 or done == config.total_steps:
+                # Every process takes part in the save; the host state is process 0's (its
+                # rescuer made the decisions).
                 checkpointer.save(done, state, {"data": data.state_dict(), "rescuer": rescuer.state_dict()})
-                rescuer.save_artifacts(workdir)
+                if distributed.is_main():
+                    rescuer.save_artifacts(workdir)
     return last
 
 

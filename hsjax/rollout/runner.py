@@ -13,6 +13,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
+from hsjax.infra import distributed
 from hsjax.infra.metrics import to_python, truncate_strings
 from hsjax.rollout import engine
 from hsjax.rollout.policy import SamplingParams
@@ -50,8 +51,11 @@ class EpisodeRunner:
         self.rollouts = 0
         self.seconds = 0.0
 
-    def run(self, jobs: Sequence[Job], sampling: SamplingParams | None = None) -> list[engine.Trajectory]:
-        """Every job's trajectory, in order; `sampling` overrides the runner's for this call."""
+    def run(self, jobs: Sequence[Job], sampling: SamplingParams | None = None, *,
+            first_stream: int = 0) -> list[engine.Trajectory]:
+        """Every job's trajectory, in order; `sampling` overrides the runner's for this call. Job i
+        samples from random stream `first_stream + i` (see `engine.collect`), whatever the batch
+        size."""
         t0 = time.perf_counter()
         out: list[engine.Trajectory] = []
         for start in range(0, len(jobs), self.batch_size):
@@ -59,7 +63,8 @@ class EpisodeRunner:
             episodes = [self.make_episode(j.task, j.spec, sample_index=j.sample_index) for j in chunk]
             trajectories = engine.collect(episodes, self.policy, sampling or self.sampling,
                                           max_context_tokens=self.max_context_tokens, env_workers=self.env_workers,
-                                          max_context_chars=self.max_context_chars)
+                                          max_context_chars=self.max_context_chars,
+                                          stream_ids=[first_stream + start + i for i in range(len(chunk))])
             for job, traj in zip(chunk, trajectories):
                 traj.result.setdefault("sample_index", job.sample_index)
                 traj.result["num_tokens"] = traj.num_generated_tokens or None
@@ -73,6 +78,21 @@ class EpisodeRunner:
     def results(self, jobs: Sequence[Job], sampling: SamplingParams | None = None) -> list[dict]:
         """The result dict of every job, in order."""
         return [t.result for t in self.run(jobs, sampling)]
+
+
+class ProcessShardedRunner(EpisodeRunner):
+    """An `EpisodeRunner` that splits each call's jobs across the processes of a multi-process run:
+    process p runs its contiguous share (`distributed.process_slice`) with its own policy copy and
+    environments, and every process gets all trajectories back, in job order. Each job keeps the
+    random stream of its index in the call, so the episodes are the ones one process would run.
+    `rollouts` counts the jobs of every process. Alone, it is an `EpisodeRunner`."""
+
+    def run(self, jobs: Sequence[Job], sampling: SamplingParams | None = None, *,
+            first_stream: int = 0) -> list[engine.Trajectory]:
+        share = distributed.process_slice(len(jobs))
+        local = super().run(jobs[share], sampling, first_stream=first_stream + share.start)
+        self.rollouts += len(jobs) - len(local)
+        return distributed.gather_shares(local)
 
 
 def episode_record(traj: engine.Trajectory, max_chars: int = MAX_RECORD_CHARS) -> dict:

@@ -1,5 +1,7 @@
 """What a run prints and what goes to <workdir>/log.txt."""
 import logging
+import subprocess
+import sys
 
 from hsjax.infra import console
 
@@ -33,3 +35,20 @@ def test_step_line_shows_the_metrics_present():
     line = console.step_line(3, 10, {"reward/mean": 0.25, "rollouts/total": 96, "eval/x/base/success": 0.5},
                              {"reward": "reward/mean", "rollouts": "rollouts/total", "loss": "loss/pg", "x": "eval/x/base/success"})
     assert line == "step 3/10 | reward 0.25 | rollouts 96 | x 0.5"
+
+
+def test_native_writes_to_descriptor_1_go_to_the_log_and_console_lines_to_the_console(tmp_path):
+    """What gloo does (a write to descriptor 1 from native code) lands in log.txt, not on the
+    console; console.say still reaches the console. In a child: the descriptors change for good."""
+    script = (
+        "import os, sys\n"
+        "from hsjax.infra import console\n"
+        f"path = console.setup_logging({str(tmp_path)!r})\n"
+        "console.route_native_stdout(path)\n"
+        "os.write(1, b'[Gloo] Rank 0 is connected to 1 peer ranks\\n')\n"
+        "console.say('step 1/2 | reward 0.5')\n"
+        "print('a result table')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "step 1/2 | reward 0.5\na result table\n"
+    assert "[Gloo] Rank 0 is connected" in (tmp_path / "log.txt").read_text()

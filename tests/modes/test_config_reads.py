@@ -6,7 +6,7 @@ import contextlib
 import pytest
 from ml_collections import ConfigDict
 
-from hsjax.infra import experiments
+from hsjax.infra import distributed, experiments
 from hsjax.modes import evaluate, evolve, rank1, train
 from hsjax.studies.testbed import warmstart
 
@@ -55,8 +55,11 @@ def leaves(config, path=""):
 
 
 def never_read(config, run) -> set[str]:
-    """The keys `run()` never read; `mode` is read by run.py, which picks the mode with it."""
+    """The keys `run()` never read; `mode` is read by run.py, which picks the mode with it. The
+    `distributed` block is read as run.py reads it, before the mode starts (a mode never reads it)."""
     with recorded_reads() as reads:
+        if "distributed" in config:
+            distributed.initialize(config.distributed)
         run()
     return {dotted for parent, key, dotted in leaves(config) if (parent, key) not in reads} - {"mode"}
 
