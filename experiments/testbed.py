@@ -131,7 +131,6 @@ def _names(c: ml_collections.ConfigDict) -> None:
     # Coined names: with the word-list splits (names_train / names_heldout) the first warm start
     # memorised words instead of copying them (docs/results.md); they stay for that record.
     c.data.train_split = "coined_train"
-    c.data.num_train_tasks = 3000
     c.data.task_seed = 0  # GRPO draws from task seed 1, evaluation from seeds 2 (train) and 0 (held-out)
     c.regime = ml_collections.ConfigDict({
         "kind": "names",
@@ -140,8 +139,15 @@ def _names(c: ml_collections.ConfigDict) -> None:
         "show_rate_base": 0.08,
         "show_rate_hint": 0.75,
     })
-    c.sft.num_tasks = 3000
-    c.sft.steps = 2000
+    # One pass over fresh tasks (steps x batch = 96,000 tasks, none repeated): the two earlier warm
+    # starts (8 epochs over 8,000 tasks) memorised their tasks' names instead of copying them, and
+    # the third (one pass over 64,000, one token a letter) copied too unreliably (docs/results.md).
+    # The tokenizer spells every name one way wherever it stands, one token a syllable, so copying
+    # a name from the prompt or a SHOW TABLES result into SQL is 2-3 tokens copied as they are.
+    c.model.tokenizer = "tiny_words"
+    c.sft.num_tasks = 96000
+    c.data.num_train_tasks = 96600  # 600 more: the SFT eval's unseen training-domain tasks
+    c.sft.steps = 3000
     c.sft.batch_size = 32
     c.sft.max_len = 640  # a few hidden-name episodes with a long table exceed 512
     c.optim.warmup_steps = 50
@@ -266,7 +272,10 @@ def _train_base(arm: str) -> ml_collections.ConfigDict:
     c.optim.learning_rate = 3e-4
     c.optim.warmup_steps = 2
     c.batch.T_buckets = (512, 1024, 2048)
-    c.batch.micro_batches = 8  # rescue rows of up to 2,048 tokens: 4 micro-batches peaked at 14.8 GB
+    # Rescue rows of up to 2,048 tokens. Before attention and log-probs were computed in blocks, 4
+    # micro-batches peaked at 14.8 GB; now one update of 64 such rows peaks at 4.7 GB (2.4 GB with
+    # model.remat=True): docs/performance.md, "Memory". 8 keeps the arms' step as measured.
+    c.batch.micro_batches = 8
     c.checkpoint.every = 5
     c.checkpoint.keep = 4
     c.log.tensorboard = False

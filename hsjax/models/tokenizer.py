@@ -7,7 +7,7 @@ uses the same conventions as Qwen2 (ChatML turns, `<|endoftext|>` as document eo
 Training 512 merges on the shipped corpus takes a few tens of milliseconds, so the result is not
 cached on disk: every call rebuilds it, which keeps it deterministic and free of stale caches.
 
-Two tiny tokenizers (`TINY_TOKENIZERS`, chosen by `model.tokenizer` in the configs):
+Three tiny tokenizers (`TINY_TOKENIZERS`, chosen by `model.tokenizer` in the configs):
 
 * `tiny` (the default; every shipped warm start was trained on its ids): GPT-2's byte-level
   pre-tokenizer. transformers 5's `AutoTokenizer` on a qwen2 model directory builds a
@@ -20,6 +20,15 @@ Two tiny tokenizers (`TINY_TOKENIZERS`, chosen by `model.tokenizer` in the confi
 * `tiny_qwen2` (opt-in, for new runs): the same corpus and vocabulary size trained under Qwen2's own
   normalizer and pre-tokenizer, so `Qwen2Tokenizer` gives exactly its ids with no auto_map and no
   code file.
+* `tiny_words` (the testbed's names regime): a word (a run of letters, or of digits) is a
+  pre-token of its own, never joined to the space or punctuation before it, so a word has one
+  tokenization wherever it stands; and every lowercase consonant-vowel syllable is one token (its
+  first 105 merges), so a name coined from syllables is one token a syllable. Under `tiny`,
+  `mobigu` is `[' mo', 'b', ...]` after a space and `['m', 'o', 'b', ...]` after a comma or a
+  quote; of the 1,040 coined names in the prompts, gold SQL and SHOW TABLES results of 200
+  training tasks, 335 were spelled with more than one token sequence, so copying a name from the
+  prompt into SQL was a re-spelling, not a copy. Here it is token for token (0 of 1,040), one
+  token a syllable: `['mo', 'bi', 'gu']` (docs/results.md, "Testbed v2").
 
 docs/models.md, "Tokenizers and AutoTokenizer", has the measurements.
 """
@@ -60,9 +69,14 @@ _MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
 # Qwen2's split rule, as `transformers.Qwen2Tokenizer` installs it (whatever tokenizer.json says).
 QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                            r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
-PRETOKENIZERS = ("gpt2", "qwen2")
+# Words apart from what precedes them: letter runs, digit runs, and runs of everything else.
+WORDS_PRETOKENIZE_REGEX = r"\p{L}+|\p{N}+|[^\p{L}\p{N}]+"
+# `tiny_words` learns these merges first: lowercase consonant + vowel (105 of its 253 merges).
+CV_SYLLABLES = tuple(c + v for c in "bcdfghjklmnpqrstvwxyz" for v in "aeiou")
+_SYLLABLE_REPEATS = 500
+PRETOKENIZERS = ("gpt2", "qwen2", "words")
 # config name (`model.tokenizer`) -> pre-tokenizer of the tiny tokenizer
-TINY_TOKENIZERS = {"tiny": "gpt2", "tiny_qwen2": "qwen2"}
+TINY_TOKENIZERS = {"tiny": "gpt2", "tiny_qwen2": "qwen2", "tiny_words": "words"}
 
 
 def _qwen2_reference() -> tokenizers.Tokenizer:
@@ -78,6 +92,10 @@ def _train_bpe(corpus_path: pathlib.Path, vocab_size: int, pretokenizer: str) ->
     tok = tokenizers.Tokenizer(models.BPE())
     if pretokenizer == "gpt2":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif pretokenizer == "words":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(WORDS_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:  # qwen2: NFC, then Qwen2's regex, then bytes (exactly Qwen2Tokenizer's pipeline)
         reference = _qwen2_reference()
         tok.normalizer, tok.pre_tokenizer = reference.normalizer, reference.pre_tokenizer
@@ -91,6 +109,10 @@ def _train_bpe(corpus_path: pathlib.Path, vocab_size: int, pretokenizer: str) ->
     )
     with open(corpus_path, encoding="utf-8") as f:
         lines = f.read().splitlines(keepends=True)
+    if pretokenizer == "words":
+        # Every consonant-vowel syllable first, each counted more often than any pair of the corpus
+        # (430 at most), so each is one token and a word made of syllables is one token a syllable.
+        lines = [" ".join(CV_SYLLABLES) + "\n"] * _SYLLABLE_REPEATS + lines
     tok.train_from_iterator(lines, trainer=trainer, length=len(lines))
     return tok
 
@@ -104,7 +126,8 @@ def build_tiny_tokenizer(
     """Trains the tiny byte-level BPE tokenizer; with `out_dir`, saves it in HF format there.
 
     The same corpus, vocab_size and pretokenizer always give the same vocabulary and merges.
-    `pretokenizer`: "gpt2" (the `tiny` tokenizer) or "qwen2" (`tiny_qwen2`; module docstring).
+    `pretokenizer`: "gpt2" (the `tiny` tokenizer), "qwen2" (`tiny_qwen2`) or "words" (`tiny_words`;
+    module docstring).
     """
     if pretokenizer not in PRETOKENIZERS:
         raise ValueError(f"pretokenizer={pretokenizer!r} is not one of {PRETOKENIZERS}")

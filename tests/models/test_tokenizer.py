@@ -164,14 +164,14 @@ def test_plain_auto_tokenizer_gives_the_ids_of_tiny_qwen2_but_not_of_tiny(tmp_pa
 @pytest.mark.parametrize("name", sorted(tokenizer_lib.TINY_TOKENIZERS))
 @pytest.mark.parametrize("trust_remote_code", [None, True])
 def test_written_beside_a_qwen2_model_auto_tokenizer_gives_the_projects_ids(tmp_path, name, trust_remote_code):
-    """`write_hf_tokenizer(..., "qwen2")` keeps AutoTokenizer on tokenizer.json for `tiny` (an
-    auto_map and tokenization_hsjax.py) and writes nothing extra for `tiny_qwen2`."""
+    """`write_hf_tokenizer(..., "qwen2")` keeps AutoTokenizer on tokenizer.json for `tiny` and
+    `tiny_words` (an auto_map and tokenization_hsjax.py) and writes nothing extra for `tiny_qwen2`."""
     out = auto_dir(tmp_path, name, "qwen2")
     auto = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True,
                                                       trust_remote_code=trust_remote_code)
     assert same_ids(auto, tokenizer_lib.tiny_tokenizer(name)) == (True, 0)
     has_map = "auto_map" in json.loads((out / "tokenizer_config.json").read_text())
-    assert has_map == (out / "tokenization_hsjax.py").exists() == (name == "tiny")
+    assert has_map == (out / "tokenization_hsjax.py").exists() == (name != "tiny_qwen2")
     assert type(auto).__name__ == ("Qwen2Tokenizer" if name == "tiny_qwen2" else
                                    "TokenizerFromFile" if trust_remote_code else "TokenizersBackend")
 
@@ -186,10 +186,41 @@ def test_a_qwen_style_pipeline_needs_no_auto_map():
     assert not tokenizer_lib.splits_as_qwen2(tokenizer_lib.tiny_tokenizer("tiny"))
 
 
+@pytest.mark.parametrize("name", ["tiny_qwen2", "tiny_words"])
 @pytest.mark.parametrize("text", TEXTS)
-def test_tiny_qwen2_round_trip(text):
-    tok = tokenizer_lib.tiny_tokenizer("tiny_qwen2")
+def test_round_trip(text, name):
+    tok = tokenizer_lib.tiny_tokenizer(name)
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+# A coined name where the testbed's names regime puts it: in the question, in a comma-separated
+# header list, in SQL after a keyword, between quotes, in a SHOW TABLES result.
+NAME_CONTEXTS = ("What is the mobigu of bapeka?", "headers of this table are dobube,mobigu,sufa.",
+                 "SELECT mobigu FROM sufa WHERE dobube = 'mobigu'", "[('mobigu',)]", "mobigu")
+
+
+def name_spellings(tok, name: str) -> set[tuple[int, ...]]:
+    """The token sequences that cover exactly `name` wherever it occurs in NAME_CONTEXTS."""
+    out = set()
+    for text in NAME_CONTEXTS:
+        enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
+        start = text.find(name)
+        while start >= 0:
+            end = start + len(name)
+            out.add(tuple(i for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if a < end and b > start))
+            start = text.find(name, end)
+    return out
+
+
+def test_tiny_words_spells_a_word_one_way_wherever_it_stands():
+    """The copy the names regime asks of the policy is token for token under `tiny_words`; under
+    `tiny` the same name is spelled with other tokens after a space, a comma and a quote."""
+    words = tokenizer_lib.tiny_tokenizer("tiny_words")
+    assert len(name_spellings(words, "mobigu")) == 1
+    assert len(name_spellings(tokenizer_lib.tiny_tokenizer("tiny"), "mobigu")) > 1
+    # ... one token a syllable: a coined name is as many tokens as it has syllables.
+    assert all(len(words.encode(s, add_special_tokens=False)) == 1 for s in tokenizer_lib.CV_SYLLABLES)
+    assert [words.decode([i]) for i in name_spellings(words, "mobigu").pop()] == ["mo", "bi", "gu"]
 
 
 def test_written_tokenizer_config_is_one_transformers_4_loads(tmp_path):

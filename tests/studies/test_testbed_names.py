@@ -4,13 +4,17 @@ thresholds, and every training arm of the regime runs from it (docs/testbed.md, 
 import collections
 import json
 
+import jax
+import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
 from harness_envs.synth import names
+from hsjax import builders
 from hsjax.infra import experiments
+from hsjax.models.model import forward
 from hsjax.modes import train
-from hsjax.studies.testbed import gates, warmstart
+from hsjax.studies.testbed import gates, mechanism, warmstart
 
 from tests.modes.test_config_reads import covered, never_read
 
@@ -131,3 +135,38 @@ def test_every_names_arm_builds_and_the_controls_differ_only_where_they_should()
     assert tuple(arms["names_schema_reminder"].rescue.siblings) == ("schema_reminder",)
     assert arms["names_policy_only_n6"].rollout.n == 6
     assert tuple(arms["names_harness_s"].router.local_voters) == ()
+
+
+def test_reply_logp_is_each_rows_own_teacher_forced_sum(warm_start):
+    """Padding rows to one length and batching them changes nothing: each value is the sum of
+    log_softmax at the reply's tokens, computed here one unpadded row at a time."""
+    cfg, params, tokenizer, _ = builders.load_model(str(warm_start))
+    rng = np.random.default_rng(0)
+    pairs = [(list(rng.integers(3, 200, size=n)), list(rng.integers(3, 200, size=m)))
+             for n, m in ((9, 3), (5, 6), (14, 1))]
+    got = mechanism.reply_logp(cfg, params, pairs, batch_size=2)
+    for (prompt, reply), value in zip(pairs, got):
+        tokens = np.asarray([prompt + reply], np.int32)
+        logits, _ = forward(cfg, params, tokens, np.arange(tokens.shape[1])[None])
+        logp = np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
+        want = sum(logp[len(prompt) - 1 + j, t] for j, t in enumerate(reply))
+        assert value == pytest.approx(want, abs=1e-4)
+
+
+def test_mechanism_curve_scores_the_warm_start_and_every_checkpoint(warm_start, tmp_path, capsys):
+    config = experiments.get_config("testbed", "names_policy_only,smoke")
+    config.model.hf_dir = str(warm_start)
+    config.total_steps = 2
+    config.checkpoint.every = 1
+    config.eval.limit = 12
+    train.main(config, str(tmp_path))
+    out = mechanism.main(["--run", str(tmp_path), "--prompts", "3", "--batch-size", "2"])
+    assert out == json.loads((tmp_path / mechanism.OUTPUT).read_text())
+    assert out["steps"] == [0, 1, 2] and len(out["rollouts"]) == 3 and out["rollouts"][0] == 0
+    assert all(len(v) == 3 and all(x < 0 for x in v) for v in out["per_prompt"])
+    assert names.opens_with_show_tables([out["reply"]])
+    assert all(names.is_hidden(names.task_index(t)) for t in out["task_ids"])
+    # An update moves the log p of the fixed replies (the curve would be flat if checkpoints were
+    # not loaded).
+    assert out["per_prompt"][2] != out["per_prompt"][0]
+    assert "| 2 |" in capsys.readouterr().out

@@ -67,3 +67,14 @@ def test_equal_rollouts_compares_at_the_smallest_final_budget(tmp_path):
     budget, equal = nr.equal_rollouts(nr.load_sweep(tmp_path))
     assert budget == 640
     assert equal == {"names_policy_only": [0.2], "names_harness_s": [0.3]}
+
+
+def test_logp_curves_are_read_plotted_and_summarised(tmp_path, capsys):
+    sweep(tmp_path, names_policy_only=0.10, names_tables_first_base=0.45)
+    curve = {"steps": [0, 5, 10], "rollouts": [0, 320, 640], "mean_logp": [-9.0, -6.5, -2.25],
+             "per_prompt": [[-9.0], [-6.5], [-2.25]], "task_ids": ["t"], "reply": "SHOW TABLES"}
+    (tmp_path / "names_tables_first_base" / "seed1" / "mechanism_logp.json").write_text(json.dumps(curve))
+    out = nr.main(["--root", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert out["logp_curves"] == {"names_tables_first_base s1": {k: curve[k] for k in ("steps", "rollouts", "mean_logp")}}
+    assert "| names_tables_first_base s1 | -9.00 -> -2.25 (step 10) |" in capsys.readouterr().out
+    assert (tmp_path / "out" / "names_mechanism.png").stat().st_size > 0

@@ -5,7 +5,8 @@ verdict read off the pre-registered rules (docs/results.md, "Testbed v2").
 
 `W` holds `W/<arm>/seed<k>/` training workdirs of the `names_*` arms. Prints markdown tables, writes
 `DIR/names_report.json` and `DIR/names_mechanism.png` (SHOW TABLES opening rate under base on hidden
-held-out names against cumulative executor rollouts, one line per arm and seed).
+held-out names against cumulative executor rollouts, one line per arm and seed; beside it the
+teacher-forced log p of that opening for the runs measured with `hsjax.studies.testbed.mechanism`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import statistics
 from typing import Sequence
 
 from hsjax.harness_s import analysis
+from hsjax.studies.testbed import mechanism
 from hsjax.studies.testbed.runs import Run, by_arm, load_sweep
 
 DEFAULT_SPLIT = "coined_heldout"
@@ -127,9 +129,22 @@ def format_table(table: dict[str, dict], equal: dict[str, list[float]], budget: 
     return "\n".join(lines)
 
 
-def plot_mechanism(runs: Sequence[Run], path: str) -> None:
+def logp_curves(runs: Sequence[Run]) -> dict[str, dict]:
+    """{"<arm> s<seed>": mechanism_logp.json} of the runs that have one (`hsjax.studies.testbed.mechanism`)."""
+    out = {}
+    for r in runs:
+        path = r.workdir / mechanism.OUTPUT
+        if path.exists():
+            out[f"{r.arm} s{r.seed}"] = json.loads(path.read_text())
+    return out
+
+
+def plot_mechanism(runs: Sequence[Run], curves: dict[str, dict], path: str) -> None:
+    """Left: the sampled opening rate at each evaluation; right (`curves` from `logp_curves`, when
+    any run was measured): the teacher-forced log p of that opening on fixed prompts."""
     plt = analysis._plt()  # the project's one Agg set-up
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 7, 4), squeeze=False)
+    ax = axes[0][0]
     for r in runs:
         rows = eval_rows(r)
         if rows:
@@ -139,6 +154,14 @@ def plot_mechanism(runs: Sequence[Run], path: str) -> None:
     ax.set_ylabel("opens with SHOW TABLES under base, %")
     ax.set_title("hidden-name held-out tasks, T = 1")
     ax.legend(fontsize=6, ncol=2)
+    if curves:
+        ax = axes[0][1]
+        for label, c in curves.items():
+            ax.plot(c["rollouts"], c["mean_logp"], marker=".", label=label)
+        ax.set_xlabel("cumulative executor rollouts")
+        ax.set_ylabel("mean log p of the SHOW TABLES opening, nats")
+        ax.set_title("teacher-forced, base context, fixed hidden-name prompts")
+        ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -158,11 +181,17 @@ def main(argv=None) -> dict:
     budget, equal = equal_rollouts(runs)
     result = verdict(table, gates_pass, mean(warm["guardrail"]) if warm else None)
     os.makedirs(args.out, exist_ok=True)
-    plot_mechanism(runs, os.path.join(args.out, "names_mechanism.png"))
+    curves = logp_curves(runs)
+    plot_mechanism(runs, curves, os.path.join(args.out, "names_mechanism.png"))
     print(format_table(({"names_warmstart": warm} if warm else {}) | table, equal, budget))
     print(json.dumps(result, indent=1))
+    if curves:
+        print("| run | log p of the SHOW TABLES opening: first -> last checkpoint (nats) |\n|---|---|")
+        for label, c in curves.items():
+            print(f"| {label} | {c['mean_logp'][0]:.2f} -> {c['mean_logp'][-1]:.2f} (step {c['steps'][-1]}) |")
     out = {"table": table, "warmstart": warm, "equal_rollouts": {"budget": budget, "primary": equal},
-           "verdict": result}
+           "verdict": result, "logp_curves": {k: {"steps": c["steps"], "rollouts": c["rollouts"],
+                                                  "mean_logp": c["mean_logp"]} for k, c in curves.items()}}
     with open(os.path.join(args.out, "names_report.json"), "w") as f:
         json.dump(out, f, indent=1)
     return out
