@@ -17,8 +17,16 @@ Splits:
     names_heldout   disjoint word lists, reworded templates
     coined_train    every name coined per task from syllables (2-3 of 70), training wording
     coined_heldout  coined names of the held-out kind, reworded templates
+    distinct_train, distinct_heldout
+                    the coined splits, but no syllable serves two names of one task (nor twice in
+                    one name), so in a task's text every syllable is followed by one syllable only
 A coined word is of the held-out kind iff its CRC-32 is divisible by 5, so the two kinds never share
-a word while they share every token. The word-list splits let a 1.05M-parameter policy memorise each
+a word while they share every token. Why the distinct splits: with a token a syllable (the
+`tiny_words` tokenizer), a task's 20 names hold about 50 syllables drawn from 70, so most syllables
+occur in several names and "copy the token that followed this one last time" — the copy a small
+transformer learns first — is ambiguous: an SFT run on the coined splits had learnt every other
+token by step 1,500 of 3,000 yet still spent 3.3 nats on each syllable of a copied name
+(docs/results.md). With distinct syllables that copy is exact once the first syllable is chosen. The word-list splits let a 1.05M-parameter policy memorise each
 word instead of copying it (docs/results.md, "Testbed v2: the first warm start fails the gates"):
 with coined names no name repeats often enough to be memorised.
 Task i depends only on (split, seed, i); its type is NAMES_TYPES[i % 6] and it hides the name when
@@ -84,13 +92,17 @@ class NamesSplit:
     words: str  # train | heldout
     phrasing: str
     coined: bool = False
+    distinct_syllables: bool = False  # coined names of one task share no syllable
 
 
 NAMES_SPLITS = {"names_train": NamesSplit("train", "names_train"),
                 "names_heldout": NamesSplit("heldout", "names_heldout"),
                 "coined_train": NamesSplit("train", "names_train", coined=True),
-                "coined_heldout": NamesSplit("heldout", "names_heldout", coined=True)}
-DEFAULT_SIZES = {"names_train": 3000, "names_heldout": 600, "coined_train": 3000, "coined_heldout": 600}
+                "coined_heldout": NamesSplit("heldout", "names_heldout", coined=True),
+                "distinct_train": NamesSplit("train", "names_train", coined=True, distinct_syllables=True),
+                "distinct_heldout": NamesSplit("heldout", "names_heldout", coined=True, distinct_syllables=True)}
+DEFAULT_SIZES = {"names_train": 3000, "names_heldout": 600, "coined_train": 3000, "coined_heldout": 600,
+                 "distinct_train": 3000, "distinct_heldout": 600}
 SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
 HELDOUT_MODULUS = 5
 # Coinable words that are SQL words or the expert's guessed table.
@@ -133,19 +145,28 @@ def is_heldout_word(word: str) -> bool:
     return zlib.crc32(word.encode()) % HELDOUT_MODULUS == 0
 
 
-def coin(rng: random.Random, kind: str, taken: set[str]) -> str:
-    """A word of 2-3 syllables of the `kind` (train | heldout) not in `taken` (which it joins)."""
+def coin(rng: random.Random, kind: str, taken: set[str], used: set[str] | None = None) -> str:
+    """A word of 2-3 syllables of the `kind` (train | heldout) not in `taken` (which it joins).
+    With `used`, the word's syllables are distinct and none is in `used` (they join it)."""
     while True:
-        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+        if used is None:
+            parts = [rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))]
+        else:
+            parts = rng.sample([s for s in SYLLABLES if s not in used], rng.randint(2, 3))
+        word = "".join(parts)
         if word not in taken and word not in RESERVED and is_heldout_word(word) == (kind == "heldout"):
             taken.add(word)
+            if used is not None:
+                used.update(parts)
             return word
 
 
-def coined_words(kind: str, rng: random.Random) -> WordLists:
-    """One task's word lists, every word coined: a table name, 5 columns, 14 values."""
+def coined_words(kind: str, rng: random.Random, distinct_syllables: bool = False) -> WordLists:
+    """One task's word lists, every word coined: a table name, 5 columns, 14 values; with
+    `distinct_syllables`, no syllable in two of them (20 words use at most 60 of the 70)."""
     taken: set[str] = set()
-    words = [coin(rng, kind, taken) for _ in range(1 + 5 + KEY_VALUES + 2 * CATEGORY_VALUES)]
+    used: set[str] | None = set() if distinct_syllables else None
+    words = [coin(rng, kind, taken, used) for _ in range(1 + 5 + KEY_VALUES + 2 * CATEGORY_VALUES)]
     return WordLists(tables=tuple(words[:1]), columns=tuple(words[1:6]), values=tuple(words[6:]))
 
 
@@ -178,7 +199,7 @@ def make_task(split: str, seed: int, index: int, backend: SQLiteBackend | None =
     task_type = NAMES_TYPES[index % len(NAMES_TYPES)]
     rng = random.Random(f"{split}/{seed}/{index}")
     for _ in range(_MAX_ATTEMPTS):
-        words = coined_words(spec.words, rng) if spec.coined else WORDS[spec.words]
+        words = coined_words(spec.words, rng, spec.distinct_syllables) if spec.coined else WORDS[spec.words]
         domain = random_domain(words, rng)
         table, columns = make_table(domain, rng)
         question = make_question(task_type, table, columns, rng, spec.phrasing)

@@ -66,6 +66,19 @@ def test_coined_names_never_cross_between_the_kinds_and_rarely_repeat():
         assert len(set(table_words)) == len(table_words)
 
 
+@pytest.mark.parametrize("kind", ["train", "heldout"])
+def test_distinct_splits_give_no_syllable_to_two_names_of_a_task(kind):
+    """Every coined syllable is two letters; in a task of the distinct splits each occurs in one
+    name, once; the words keep their kind."""
+    for task in names.make_tasks(f"distinct_{kind}", 60, seed=0):
+        words = [task.table.name, *task.table.columns,
+                 *{cell for row in task.table.rows for cell in row if str(cell).isalpha()}]
+        syllables = [w[i:i + 2] for w in set(words) for i in range(0, len(w), 2)]
+        assert set(syllables) <= set(names.SYLLABLES), task.task_id
+        assert len(syllables) == len(set(syllables)), task.task_id
+        assert all(names.is_heldout_word(w) == (kind == "heldout") for w in words), task.task_id
+
+
 def test_names_vary_per_task_and_tasks_are_deterministic(train):
     assert len({t.table.name for t in train}) > 20
     assert len({t.table.columns for t in train}) == len(train)
