@@ -18,11 +18,16 @@ import os
 import sys
 import tempfile
 
-from absl import app, flags
-from ml_collections import config_flags
+# transformers (imported for tokenizers only) prints "PyTorch was not found. Models won't be
+# available ..." on every start without torch: advice about models hsjax never loads through it.
+# Its real warnings still reach the console.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from hsjax.infra import console, distributed
-from hsjax.infra.errors import UserError
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from hsjax.infra import console, distributed  # noqa: E402
+from hsjax.infra.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment file, e.g. experiments/dbbench.py:eval.", lock_config=True)
