@@ -8,7 +8,8 @@ One linear `main`, in banner sections:
             streams laid out exactly as the rollout engine lays out a token policy's episodes
             (`hsjax.rollout.streams.render_segments`: reply ids + end-of-turn have loss mask 1);
   model     the preset (with the config's overrides) from random weights, the tiny tokenizer
-            `model.tokenizer` names;
+            `model.tokenizer` names; with `sft.copy_warmup_steps`, first trained to repeat random
+            syllable words (`copy_warmup`);
   update    masked next-token cross-entropy around the shared instruction prefix, AdamW, one jitted
             step (`hsjax.rl.sft`);
   loop      `metrics.jsonl` rows with `step`, `loss/sft`, `lr`, `tokens/per_s`; an orbax checkpoint
@@ -45,6 +46,7 @@ from hsjax.rl.sft import BucketedBatches, make_train_step, pack
 from hsjax.rollout.policy import JaxPolicy, SamplingParams, tokenizer_eos_ids
 from hsjax.rollout.runner import EpisodeRunner, Job
 from hsjax.rollout.streams import RecordingChatPolicy, render_segments
+from hsjax.studies.testbed import copy_warmup
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +235,14 @@ def main(config, workdir: str) -> dict:
         start_step, params, opt_state = restored.step, restored.state["params"], restored.state["opt_state"]
         batches.skip(start_step)
         console.say(f"resumed from step {start_step}")
+    elif config.sft.copy_warmup_steps:
+        # A fresh run only: a resumed one restored params that went through it.
+        params, curve = copy_warmup.warm_up(
+            cfg, params, tokenizer, steps=config.sft.copy_warmup_steps, batch_size=config.sft.batch_size,
+            learning_rate=config.optim.learning_rate, seed=config.seed, pad_id=tokenizer.pad_token_id)
+        metrics_lib.write_json(os.path.join(workdir, "copy_warmup.json"), {"loss_on_repeat": curve})
+        console.say(f"copy warm-up: {config.sft.copy_warmup_steps} steps, loss on the repeat "
+                    f"{curve[0][1]:.3g} (first {curve[0][0]}) -> {curve[-1][1]:.3g}")
     writer.truncate_after(start_step)
 
     # ----------------------------------------------------------------------------------------------
