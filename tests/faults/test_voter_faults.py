@@ -69,11 +69,13 @@ def test_abandoned_voters_never_hold_up_exit():
     try:
         line = proc.stdout.readline()  # after the imports and the 0.3 s decision
         t0 = time.monotonic()
-        rc = proc.wait(timeout=10)
+        rc = proc.wait(timeout=40)
         took = time.monotonic() - t0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert line.strip() == "['timeout', 'timeout', 'timeout']" and rc == 0
-    assert took < 2.0, took
+    # The defect is a wait of 60 s (a voter's time-out); an interpreter's teardown on a loaded
+    # two-core CI machine took 2.2 s once, so the bound leaves room for load, not for a voter.
+    assert took < 20.0, took
