@@ -184,10 +184,9 @@ def _cmd(config, workdir, *overrides):
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("testbed_sweep")
-    # One after the other with a shared compilation cache: the later runs skip most compilation
-    # (parallel runs on a two-core machine were several times slower).
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax_cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    # One after the other with the session's compilation cache (tests/conftest.py): the later runs
+    # skip most compilation (parallel runs on a two-core machine were several times slower).
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     root = tmp / "sweep"
     runs = [("sft", _cmd("sft,smoke", tmp / "sft"))]
     for arm, seed in ARMS:
