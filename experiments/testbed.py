@@ -82,9 +82,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.max_len = 1024
     c.sft.env_workers = 4
     c.sft.save_every = 100  # steps between resumable checkpoints (a warm start takes over an hour on CPU)
-    # Steps of the copy warm-up before SFT (hsjax/studies/testbed/copy_warmup.py: random syllable
-    # words written twice, the loss on the repeat); 0 = none, as every shipped warm start.
+    # Steps of the copy warm-up before SFT (hsjax/studies/testbed/copy_warmup.py: a short list of
+    # random syllable words repeated to the end of the row, the loss on the repeats) and its
+    # learning rate; 0 steps = none, as every shipped warm start.
     c.sft.copy_warmup_steps = 0
+    c.sft.copy_warmup_lr = 1e-3
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 3e-3
@@ -153,9 +155,9 @@ def _names(c: ml_collections.ConfigDict) -> None:
     c.sft.steps = 3000
     c.sft.batch_size = 32
     c.sft.max_len = 640  # a few hidden-name episodes with a long table exceed 512
-    # Two runs without it never learnt to copy a name (docs/results.md); the model learns the
-    # generic copy in about 200 steps when shown it alone.
-    c.sft.copy_warmup_steps = 400
+    # Two runs without it never learnt to copy a name (docs/results.md); on the warm-up's rows the
+    # tiny preset forms its induction heads in about 500 steps.
+    c.sft.copy_warmup_steps = 800
     c.optim.warmup_steps = 50
     c.eval.split = "coined_heldout"
     c.eval.num_tasks = 600

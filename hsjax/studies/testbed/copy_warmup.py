@@ -3,13 +3,19 @@
 Every pretrained LLM copies a name from its prompt without effort; the testbed's 1.05M-parameter
 policy starts from random weights. Two SFT runs on coined names (docs/results.md, "Testbed v2")
 learnt the protocol, the SQL, the answers' numbers and when to run SHOW TABLES, yet after 1,600 and
-2,100 steps still spent log 63 nats on every syllable of a copied name — even the second syllable
-of a name whose first syllable occurs once in the context. The same model learns to repeat a
-sequence of random tokens in 200 steps when that is all it sees. So the warm-up gives it that
-first: `sft.copy_warmup_steps` steps on rows of random words made of the tokenizer's
-consonant-vowel syllables, written twice ("kuvo, geba, ...\nkuvo, geba, ..."), the loss on the
-repeat. The words are random, not the tasks' names, and nothing about SQL, harnesses or SHOW
-TABLES is in them: the warm-up stands in for the pretraining a real policy has.
+2,100 steps still spent about log 63 nats on every syllable of a copied name — even the second
+syllable of a name whose first syllable occurs once in the context: no induction head had formed.
+
+What forms one quickly is repetition (docs/results.md, "the copy warm-up"): rows in which a short
+random list of words is written again and again until the row is full ("kuvo, geba\nkuvo, geba\n
+..."), the loss on everything after the list's first token repeats. The list's length varies from
+row to row, so no fixed offset predicts the repeat; only matching the current token to its earlier
+occurrence and copying what followed it does. A first version wrote a 12-word list exactly twice:
+its loss stayed near uniform for 400 steps, as did a toy of one repeat at a random offset for
+1,500 steps, while the tiny preset learns the many-repeat rows in about 500 steps at a learning
+rate of 1e-3. The words are random consonant-vowel syllables, not the tasks' names, and nothing
+about SQL, harnesses or SHOW TABLES is in them: the warm-up stands in for the pretraining a real
+policy has.
 """
 from __future__ import annotations
 
@@ -22,37 +28,36 @@ from hsjax.models.model import forward
 from hsjax.models.tokenizer import CV_SYLLABLES
 from hsjax.rl import losses
 
-ROW_TOKENS = 128  # every row padded to this many tokens
-WORDS_PER_ROW = 12
+ROW_TOKENS = 128  # every row filled to this many tokens
+MIN_WORDS, MAX_WORDS = 2, 5  # words in a row's list: periods of about 6 to 20 tokens
 
 
 def copy_row(tokenizer, rng: np.random.Generator) -> tuple[list[int], int]:
-    """(token ids, index of the repeat's first token): `WORDS_PER_ROW` words of 2-3 syllables,
-    no syllable twice in a row, listed, then listed again in the same order."""
-    sizes = rng.integers(2, 4, WORDS_PER_ROW)
+    """(`ROW_TOKENS` token ids, index where the list's first repeat starts): a list of 2-5 words of
+    2-3 syllables, no syllable twice in the row, written line after line until the row is full."""
+    sizes = rng.integers(2, 4, rng.integers(MIN_WORDS, MAX_WORDS + 1))
     syllables = rng.choice(len(CV_SYLLABLES), int(sizes.sum()), replace=False)
     cuts = np.cumsum(sizes)[:-1]
     words = ["".join(CV_SYLLABLES[i] for i in part) for part in np.split(syllables, cuts)]
-    first = tokenizer.encode(", ".join(words) + "\n", add_special_tokens=False)
-    second = tokenizer.encode(", ".join(words), add_special_tokens=False)
-    return first + second, len(first)
+    line = tokenizer.encode(", ".join(words) + "\n", add_special_tokens=False)
+    repeats = -(-ROW_TOKENS // len(line))
+    return (line * repeats)[:ROW_TOKENS], len(line)
 
 
-def copy_batch(tokenizer, rng: np.random.Generator, batch_size: int, pad_id: int):
-    """tokens_BxT, mask_BxT (1 on the repeat's tokens after its first, which nothing predicts)."""
-    tokens = np.full((batch_size, ROW_TOKENS), pad_id, np.int32)
+def copy_batch(tokenizer, rng: np.random.Generator, batch_size: int):
+    """tokens_BxT, mask_BxT (1 from the second token of the first repeat on: its first token
+    follows the first end of line, which nothing before predicts)."""
+    tokens = np.zeros((batch_size, ROW_TOKENS), np.int32)
     mask = np.zeros((batch_size, ROW_TOKENS), np.float32)
     for b in range(batch_size):
         ids, start = copy_row(tokenizer, rng)
-        if len(ids) > ROW_TOKENS:
-            raise ValueError(f"a copy row of {len(ids)} tokens exceeds {ROW_TOKENS}")
-        tokens[b, :len(ids)] = ids
-        mask[b, start + 1:len(ids)] = 1.0
+        tokens[b] = ids
+        mask[b, start + 1:] = 1.0
     return tokens, mask
 
 
 def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rate: float, seed: int,
-            pad_id: int, report_every: int = 50):
+            report_every: int = 50):
     """`params` after `steps` AdamW steps on copy rows (their own optimizer, discarded after);
     returns (params, [(step, mean masked loss)] every `report_every` steps and at the end)."""
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
@@ -74,7 +79,7 @@ def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rat
     opt_state = tx.init(params)
     curve, window = [], []
     for step in range(steps):
-        tokens, mask = copy_batch(tokenizer, rng, batch_size, pad_id)
+        tokens, mask = copy_batch(tokenizer, rng, batch_size)
         params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(tokens), jnp.asarray(mask))
         window.append(loss)
         if (step + 1) % report_every == 0 or step + 1 == steps:

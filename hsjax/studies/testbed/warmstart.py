@@ -8,8 +8,8 @@ One linear `main`, in banner sections:
             streams laid out exactly as the rollout engine lays out a token policy's episodes
             (`hsjax.rollout.streams.render_segments`: reply ids + end-of-turn have loss mask 1);
   model     the preset (with the config's overrides) from random weights, the tiny tokenizer
-            `model.tokenizer` names; with `sft.copy_warmup_steps`, first trained to repeat random
-            syllable words (`copy_warmup`);
+            `model.tokenizer` names; with `sft.copy_warmup_steps`, first trained to repeat lists of
+            random syllable words (`copy_warmup`);
   update    masked next-token cross-entropy around the shared instruction prefix, AdamW, one jitted
             step (`hsjax.rl.sft`);
   loop      `metrics.jsonl` rows with `step`, `loss/sft`, `lr`, `tokens/per_s`; an orbax checkpoint
@@ -188,6 +188,13 @@ def eval_harnesses(value, pool) -> list:
     return list(pool.values()) if names == ["all"] else pool.select(names)
 
 
+def unread(config) -> dict[str, str]:
+    """{key: why} for keys this config holds that the run never reads (run.py rejects overriding them)."""
+    if not config.sft.copy_warmup_steps:
+        return {"sft.copy_warmup_lr": "sft.copy_warmup_steps=0: no copy warm-up"}
+    return {}
+
+
 def main(config, workdir: str) -> dict:
     t_start = time.perf_counter()
     tokenizer = tiny_tokenizer(config.model.tokenizer)
@@ -239,7 +246,7 @@ def main(config, workdir: str) -> dict:
         # A fresh run only: a resumed one restored params that went through it.
         params, curve = copy_warmup.warm_up(
             cfg, params, tokenizer, steps=config.sft.copy_warmup_steps, batch_size=config.sft.batch_size,
-            learning_rate=config.optim.learning_rate, seed=config.seed, pad_id=tokenizer.pad_token_id)
+            learning_rate=config.sft.copy_warmup_lr, seed=config.seed)
         metrics_lib.write_json(os.path.join(workdir, "copy_warmup.json"), {"loss_on_repeat": curve})
         console.say(f"copy warm-up: {config.sft.copy_warmup_steps} steps, loss on the repeat "
                     f"{curve[0][1]:.3g} (first {curve[0][0]}) -> {curve[-1][1]:.3g}")
