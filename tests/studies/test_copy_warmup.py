@@ -37,3 +37,13 @@ def test_a_few_steps_lower_the_loss_on_the_repeat():
     assert [s for s, _ in curve] == [20, 40, 60]
     assert curve[-1][1] < curve[0][1] - 0.5, curve
     assert jax.tree.structure(new) == jax.tree.structure(params)
+
+
+def test_replayed_rows_depend_on_the_seed_and_step_alone():
+    """A resumed SFT run replays the rows the straight run replayed, with no state carried."""
+    tok = tiny_tokenizer("tiny_words")
+    a = copy_warmup.replay_batch(tok, 0, 7, 4)
+    copy_warmup.replay_batch(tok, 0, 8, 4)  # other draws in between change nothing
+    np.testing.assert_array_equal(a[0], copy_warmup.replay_batch(tok, 0, 7, 4)[0])
+    assert not np.array_equal(a[0], copy_warmup.replay_batch(tok, 0, 9, 4)[0])
+    assert not np.array_equal(a[0], copy_warmup.replay_batch(tok, 1, 7, 4)[0])

@@ -9,7 +9,8 @@ One linear `main`, in banner sections:
             (`hsjax.rollout.streams.render_segments`: reply ids + end-of-turn have loss mask 1);
   model     the preset (with the config's overrides) from random weights, the tiny tokenizer
             `model.tokenizer` names; with `sft.copy_warmup_steps`, first trained to repeat lists of
-            random syllable words (`copy_warmup`);
+            random syllable words (`copy_warmup`), and with `sft.copy_replay_every` such rows
+            replayed during SFT;
   update    masked next-token cross-entropy around the shared instruction prefix, AdamW, one jitted
             step (`hsjax.rl.sft`);
   loop      `metrics.jsonl` rows with `step`, `loss/sft`, `lr`, `tokens/per_s`; an orbax checkpoint
@@ -256,10 +257,16 @@ def main(config, workdir: str) -> dict:
     # Loop.
     t_loop = t_last = time.perf_counter()
     last, tokens_since = {}, 0
+    replay_every = config.sft.copy_replay_every
+    copy_step = copy_warmup.make_copy_step(cfg, optimizer.tx, config.sft.batch_size) if replay_every else None
     for step in range(start_step, config.sft.steps):
         tokens, mask, length = batches.next()
         params, opt_state, m = step_fn(params, opt_state, prefix, jnp.asarray(tokens), jnp.asarray(mask),
                                        jnp.asarray(length))
+        if replay_every and (step + 1) % replay_every == 0:
+            copy_tokens, copy_mask = copy_warmup.replay_batch(tokenizer, config.seed, step, config.sft.batch_size)
+            params, opt_state, m["loss/copy_replay"] = copy_step(params, opt_state, jnp.asarray(copy_tokens),
+                                                                 jnp.asarray(copy_mask))
         tokens_since += len(data.prefix_P) + int(length.sum())
         done = step + 1
         if done % config.log.every == 0 or done == config.sft.steps or step == 0:
