@@ -12,12 +12,12 @@ random list of words is written again and again until the row is full ("kuvo, ge
 row to row, so no fixed offset predicts the repeat; only matching the current token to its earlier
 occurrence and copying what followed it does. A first version wrote a 12-word list exactly twice:
 its loss stayed near uniform for 400 steps, as did a toy of one repeat at a random offset for
-1,500 steps, while the tiny preset learns the many-repeat rows in about 500 steps at a learning
+1,250 steps, while the tiny preset learns the many-repeat rows in about 500 steps at a learning
 rate of 1e-3. Those heads copy from a few tokens back only (a list 40 tokens after its first
 copy costs 7.7 nats; docs/results.md, v7), short of the hundreds a name spans in an expert
-stream: rows with long gaps are the next step. The words are random consonant-vowel syllables, not the tasks' names, and nothing
-about SQL, harnesses or SHOW TABLES is in them: the warm-up stands in for the pretraining a real
-policy has.
+stream: rows with long gaps are the next step. The words are random consonant-vowel syllables,
+not the tasks' names, and nothing about SQL, harnesses or SHOW TABLES is in them: the warm-up
+stands in for the pretraining a real policy has.
 
 Replay (`sft.copy_replay_every`): SFT at its learning rate erased what the warm-up formed (copy
 rows cost 11.2 nats after 300 SFT steps, 0.56 before them) while the names were still not copied.
