@@ -6,7 +6,7 @@ learnt the protocol, the SQL, the answers' numbers and when to run SHOW TABLES, 
 2,100 steps still spent about log 63 nats on every syllable of a copied name — even the second
 syllable of a name whose first syllable occurs once in the context: no induction head had formed.
 
-What forms one quickly is repetition (docs/results.md, "the copy warm-up"): rows in which a short
+What forms one quickly is repetition (docs/results.md, "the warm-up that teaches copying"): rows in which a short
 random list of words is written again and again until the row is full ("kuvo, geba\nkuvo, geba\n
 ..."), the loss on everything after the list's first token repeats. The list's length varies from
 row to row, so no fixed offset predicts the repeat; only matching the current token to its earlier

@@ -222,7 +222,11 @@ def main(config, workdir: str) -> dict:
     # ----------------------------------------------------------------------------------------------
     # Model, optimizer, update step.
     cfg, params = build_model(config, tokenizer)
-    optimizer = optim.make_optimizer(dict(config.optim), total_steps=config.sft.steps)
+    # A copy replay step is an update of the same optimizer: the schedule spans both kinds, and
+    # before SFT step k the optimizer has made k + k // replay_every updates.
+    replay_every = config.sft.copy_replay_every
+    replays_before = (lambda k: k // replay_every) if replay_every else (lambda k: 0)
+    optimizer = optim.make_optimizer(dict(config.optim), total_steps=config.sft.steps + replays_before(config.sft.steps))
     opt_state = optimizer.tx.init(params)
     step_fn = make_train_step(cfg, optimizer.tx)
     prefix = jnp.asarray(data.prefix_P)
@@ -257,7 +261,6 @@ def main(config, workdir: str) -> dict:
     # Loop.
     t_loop = t_last = time.perf_counter()
     last, tokens_since = {}, 0
-    replay_every = config.sft.copy_replay_every
     copy_step = copy_warmup.make_copy_step(cfg, optimizer.tx, config.sft.batch_size) if replay_every else None
     for step in range(start_step, config.sft.steps):
         tokens, mask, length = batches.next()
@@ -272,7 +275,7 @@ def main(config, workdir: str) -> dict:
         if done % config.log.every == 0 or done == config.sft.steps or step == 0:
             m = {k: float(v) for k, v in jax.device_get(m).items()}
             now = time.perf_counter()
-            m.update({"lr": float(optimizer.lr_schedule(step)), "tokens/per_s": tokens_since / (now - t_last),
+            m.update({"lr": float(optimizer.lr_schedule(step + replays_before(step))), "tokens/per_s": tokens_since / (now - t_last),
                       "time/elapsed": now - t_loop})
             t_last, tokens_since = now, 0
             last = writer.write(done, m)
