@@ -28,14 +28,62 @@ def test_a_row_repeats_its_list_to_the_end_and_the_mask_covers_the_repeats():
     assert len(periods) > 3  # the offset of the repeat varies: no fixed position predicts it
 
 
-def test_a_few_steps_lower_the_loss_on_the_repeat():
+def test_scattered_rows_mask_exactly_the_later_syllables_of_names_repeated_after_the_header():
+    tok = tiny_tokenizer("tiny_words")
+    syllable = {tok.encode(s, add_special_tokens=False)[0]: s for s in CV_SYLLABLES}
+    tokens, mask = copy_warmup.scattered_batch(tok, np.random.default_rng(0), 24, 256)
+    assert tokens.shape == mask.shape == (24, 256)
+    gaps = []
+    for row, m in zip(tokens, mask):
+        text = tok.decode([int(t) for t in row])
+        header, body = text.split("\n", 1)
+        names = header.split(", ")
+        assert copy_warmup.MIN_WORDS <= len(names) <= copy_warmup.MAX_WORDS
+        name_syllables = {n[i:i + 2] for n in names for i in range(0, len(n), 2)}
+        assert len(name_syllables) == sum(len(n) // 2 for n in names)  # no syllable twice
+        # Walk the body word by word: a word sharing a syllable with a name is that whole name
+        # (filler never uses one), and exactly its syllables after the first are masked.
+        position = len(tok.encode(header + "\n", add_special_tokens=False))
+        expected = np.zeros(256)
+        last_seen = {n: 0 for n in names}
+        for word in body.split(" "):
+            n_tokens = len(word) // 2
+            pieces = [word[i:i + 2] for i in range(0, len(word), 2)]
+            if set(pieces) & name_syllables:
+                if position + n_tokens < 256:  # the last word may be cut off
+                    assert word in names, (word, names)
+                expected[position + 1:position + n_tokens] = 1
+                gaps.append(position - last_seen.get(word, 0))
+                last_seen[word] = position
+            position += n_tokens + 1
+        np.testing.assert_array_equal(m, expected[:256])
+        assert all(syllable[int(t)] in name_syllables for t, v in zip(row, m) if v)
+    # The gaps back to a name's last occurrence span the row: a few tokens to well over a hundred.
+    assert min(gaps) < 20 and max(gaps) > 150, (min(gaps), max(gaps))
+
+
+def test_gap_rows_repeat_the_list_after_exactly_the_gap():
+    tok = tiny_tokenizer("tiny_words")
+    rng = np.random.default_rng(0)
+    for gap in (0, 7, 40):
+        ids, mask = copy_warmup.gap_row(tok, rng, gap)
+        line = len(ids) - len(ids) // 2 if gap == 0 else (len(ids) - gap) // 2
+        assert ids[:line] == ids[line + gap:] and len(ids) == 2 * line + gap
+        assert mask == [0.0] * (line + gap + 1) + [1.0] * (line - 1)
+        assert not set(ids[:line - 1]) & set(ids[line:line + gap])  # the filler shares no syllable
+
+
+def test_a_few_steps_lower_the_loss_on_both_kinds_of_rows():
     tok = tiny_tokenizer("tiny_words")
     cfg = get_preset("tiny", vocab_size=len(tok))
     params = init_params(cfg, jax.random.key(0))
-    new, curve = copy_warmup.warm_up(cfg, params, tok, steps=60, batch_size=8, learning_rate=3e-3, seed=0,
-                                     report_every=20)
-    assert [s for s, _ in curve] == [20, 40, 60]
+    new, report = copy_warmup.warm_up(cfg, params, tok, steps=60, batch_size=8, learning_rate=3e-3, seed=0,
+                                      far_steps=10, far_tokens=64, report_every=20)
+    curve = report["repeat"]
+    assert [s for s, _ in curve] == [20, 40, 60] and [s for s, _ in report["scattered"]] == [70]
     assert curve[-1][1] < curve[0][1] - 0.5, curve
+    assert sorted(report["gap_nats"]) == [0, 40, 150, 400]
+    assert all(0 < v < 10 for v in report["gap_nats"].values())
     assert jax.tree.structure(new) == jax.tree.structure(params)
 
 
@@ -47,3 +95,22 @@ def test_replayed_rows_depend_on_the_seed_and_step_alone():
     np.testing.assert_array_equal(a[0], copy_warmup.replay_batch(tok, 0, 7, 4)[0])
     assert not np.array_equal(a[0], copy_warmup.replay_batch(tok, 0, 9, 4)[0])
     assert not np.array_equal(a[0], copy_warmup.replay_batch(tok, 1, 7, 4)[0])
+    far = copy_warmup.replay_batch(tok, 0, 7, 4, far_tokens=96)
+    assert far[0].shape == (4, 96)
+    np.testing.assert_array_equal(far[0], copy_warmup.replay_batch(tok, 0, 7, 4, far_tokens=96)[0])
+
+
+def test_gap_table_in_one_padded_forward_equals_a_forward_per_gap():
+    from hsjax.models.model import forward
+    from hsjax.rl import losses
+    import jax.numpy as jnp
+    tok = tiny_tokenizer("tiny_words")
+    cfg = get_preset("tiny", vocab_size=len(tok))
+    params = init_params(cfg, jax.random.key(1))
+    table = copy_warmup.gap_table(cfg, params, tok, gaps=(0, 40), rows=3, seed=5)
+    rng = np.random.default_rng(5)
+    for gap in (0, 40):
+        ids, mask = map(np.asarray, zip(*(copy_warmup.gap_row(tok, rng, gap) for _ in range(3))))
+        positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+        logp = losses.token_logp(forward(cfg, params, jnp.asarray(ids), positions)[0], jnp.asarray(ids))[0]
+        np.testing.assert_allclose(table[gap], -(np.asarray(logp) * mask).sum() / mask.sum(), rtol=1e-5)

@@ -15,7 +15,9 @@ its loss stayed near uniform for 400 steps, as did a toy of one repeat at a rand
 1,250 steps, while the tiny preset learns the many-repeat rows in about 500 steps at a learning
 rate of 1e-3. Those heads copy from a few tokens back only (a list 40 tokens after its first
 copy costs 7.7 nats; docs/results.md, v7), short of the hundreds a name spans in an expert
-stream: rows with long gaps are the next step. The words are random consonant-vowel syllables,
+stream. So `sft.copy_far_steps` more steps follow on `scattered_row`s: a header of names, then
+filler in which the names recur at gaps from a few tokens to the whole row; `gap_table` measures
+the reach after the warm-up (the run prints it). The words are random consonant-vowel syllables,
 not the tasks' names, and nothing about SQL, harnesses or SHOW TABLES is in them: the warm-up
 stands in for the pretraining a real policy has.
 
@@ -63,12 +65,91 @@ def copy_batch(tokenizer, rng: np.random.Generator, batch_size: int):
     return tokens, mask
 
 
-def make_copy_step(cfg, tx, batch_size: int):
+def _syllable_ids(tokenizer) -> tuple[np.ndarray, int, int, int]:
+    """(token id of each of `CV_SYLLABLES`, id of " ", of ", ", of "\n"): each is one token of the
+    words tokenizer, so a row is built from ids directly, as encoding its text would give."""
+    def one(text):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is {len(ids)} tokens of this tokenizer; the copy rows need "
+                             "the words tokenizer (model.tokenizer=tiny_words)")
+        return ids[0]
+    return np.array([one(s) for s in CV_SYLLABLES]), one(" "), one(", "), one("\n")
+
+
+def scattered_row(tokenizer, rng: np.random.Generator, row_tokens: int) -> tuple[list[int], list[float]]:
+    """(`row_tokens` ids, their loss mask): copying across long gaps, as a name is copied from a
+    schema hundreds of tokens back.
+
+    A header line lists 2-5 names of 2-3 syllables; a body of filler words (1-3 syllables, never
+    a name's) follows, in which each word is one of the names with a probability drawn per row
+    from [0.03, 0.3] — so the gap back to a name's last occurrence runs from a few tokens to the
+    whole row. The mask covers a name's syllables after its first in the body: given the first,
+    only looking the name up in the context predicts the rest."""
+    syllable_ids, space, comma, newline = _syllable_ids(tokenizer)
+    order = rng.permutation(len(CV_SYLLABLES))
+    sizes = rng.integers(2, 4, rng.integers(MIN_WORDS, MAX_WORDS + 1))
+    names = np.split(syllable_ids[order[:sizes.sum()]], np.cumsum(sizes)[:-1])
+    filler = syllable_ids[order[sizes.sum():]]
+    ids, mask = [], []
+    for k, name in enumerate(names):
+        ids += [*name, comma if k + 1 < len(names) else newline]
+    mask = [0.0] * len(ids)
+    p_name = rng.uniform(0.03, 0.3)
+    while len(ids) < row_tokens:
+        if rng.random() < p_name:
+            name = names[rng.integers(len(names))]
+            ids += [*name, space]
+            mask += [0.0] + [1.0] * (len(name) - 1) + [0.0]
+        else:
+            ids += [*rng.choice(filler, rng.integers(1, 4)), space]
+            mask += [0.0] * (len(ids) - len(mask))
+    return ids[:row_tokens], mask[:row_tokens]
+
+
+def scattered_batch(tokenizer, rng: np.random.Generator, batch_size: int, row_tokens: int):
+    """tokens_BxT, mask_BxT of `scattered_row`s."""
+    rows = [scattered_row(tokenizer, rng, row_tokens) for _ in range(batch_size)]
+    return (np.array([r[0] for r in rows], np.int32), np.array([r[1] for r in rows], np.float32))
+
+
+def gap_row(tokenizer, rng: np.random.Generator, gap: int) -> tuple[list[int], list[float]]:
+    """A 3-word list (3 syllables each), `gap` tokens of two-syllable filler words from other
+    syllables, the list again; the mask covers the second copy after its first token."""
+    syllable_ids, space, comma, newline = _syllable_ids(tokenizer)
+    order = rng.permutation(len(CV_SYLLABLES))
+    line = [*syllable_ids[order[0:3]], comma, *syllable_ids[order[3:6]], comma, *syllable_ids[order[6:9]], newline]
+    filler = []
+    while len(filler) < gap:
+        filler += [*rng.choice(syllable_ids[order[9:]], 2), space]
+    ids = line + filler[:gap] + line
+    return ids, [0.0] * (len(line) + gap + 1) + [1.0] * (len(line) - 1)
+
+
+def gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400), rows: int = 16, seed: int = 7) -> dict[int, float]:
+    """{gap: mean nats on a 3-word list's second copy after its first token}, the list written
+    once, then `gap` tokens of filler words from other syllables, then again: how far back the
+    policy's heads copy from (a copying policy stays well under 1 nat at every gap). All rows go
+    through one forward, padded at the end (causal attention: the padding changes nothing)."""
+    rng = np.random.default_rng(seed)
+    drawn = [gap_row(tokenizer, rng, gap) for gap in gaps for _ in range(rows)]
+    length = max(len(ids) for ids, _ in drawn)
+    tokens = np.zeros((len(drawn), length), np.int32)
+    mask = np.zeros((len(drawn), length), np.float32)
+    for b, (ids, m) in enumerate(drawn):
+        tokens[b, :len(ids)], mask[b, :len(m)] = ids, m
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape)
+    logits, _ = forward(cfg, params, jnp.asarray(tokens), positions)
+    nats = -np.asarray(losses.token_logp(logits, jnp.asarray(tokens))[0]) * mask
+    return {gap: float(nats[k * rows:(k + 1) * rows].sum() / mask[k * rows:(k + 1) * rows].sum())
+            for k, gap in enumerate(gaps)}
+
+
+def make_copy_step(cfg, tx):
     """A jitted AdamW step of `tx` on a batch of copy rows: (params, opt_state, tokens, mask) ->
     (params, opt_state, mean masked loss)."""
-    positions_BxT = jnp.tile(jnp.arange(ROW_TOKENS, dtype=jnp.int32), (batch_size, 1))
-
     def loss_fn(p, tokens_BxT, mask_BxT):
+        positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1], dtype=jnp.int32), tokens_BxT.shape)
         logits_BxTxV, _ = forward(cfg, p, tokens_BxT, positions_BxT)
         logp_BxT, _ = losses.token_logp(logits_BxTxV, tokens_BxT)
         return -jnp.sum(logp_BxT * mask_BxT) / jnp.sum(mask_BxT)
@@ -82,27 +163,42 @@ def make_copy_step(cfg, tx, batch_size: int):
     return step_fn
 
 
-def replay_batch(tokenizer, seed: int, step: int, batch_size: int):
-    """The copy rows replayed after SFT step `step`: drawn from (seed, step) alone, so a resumed
-    run replays the same rows without carrying any state."""
-    return copy_batch(tokenizer, np.random.default_rng([seed, step]), batch_size)
+def replay_batch(tokenizer, seed: int, step: int, batch_size: int, far_tokens: int = 0):
+    """The copy rows replayed after SFT step `step`: `scattered_row`s of `far_tokens` when it is
+    set, else the repeated lists. Drawn from (seed, step) alone, so a resumed run replays the
+    same rows without carrying any state."""
+    rng = np.random.default_rng([seed, step])
+    if far_tokens:
+        return scattered_batch(tokenizer, rng, batch_size, far_tokens)
+    return copy_batch(tokenizer, rng, batch_size)
 
 
 def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rate: float, seed: int,
-            report_every: int = 50):
-    """`params` after `steps` AdamW steps on copy rows (their own optimizer, discarded after);
-    returns (params, [(step, mean masked loss)] every `report_every` steps and at the end)."""
+            far_steps: int = 0, far_tokens: int = 0, report_every: int = 50):
+    """`params` after `steps` AdamW steps on repeated lists, then `far_steps` on `scattered_row`s
+    of `far_tokens` (one optimizer for both, discarded after): the repeats form the heads within
+    a few hundred steps, the scattered rows stretch them over long gaps. Returns (params, report):
+    report["repeat"] and report["scattered"] list (step, mean masked loss) every `report_every`
+    steps and at each phase's end; report["gap_nats"] is `gap_table` after the warm-up."""
+    total = steps + far_steps
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-        optax.linear_schedule(0.0, learning_rate, min(20, steps)), weight_decay=0.0))
-    step_fn = make_copy_step(cfg, tx, batch_size)
+        optax.linear_schedule(0.0, learning_rate, min(20, total)), weight_decay=0.0))
+    step_fn = make_copy_step(cfg, tx)
     rng = np.random.default_rng(seed)
     opt_state = tx.init(params)
-    curve, window = [], []
-    for step in range(steps):
-        tokens, mask = copy_batch(tokenizer, rng, batch_size)
-        params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(tokens), jnp.asarray(mask))
-        window.append(loss)
-        if (step + 1) % report_every == 0 or step + 1 == steps:
-            curve.append((step + 1, float(np.mean(jax.device_get(window)))))
-            window = []
-    return params, curve
+    report = {"repeat": [], "scattered": []}
+    phases = (("repeat", steps, lambda: copy_batch(tokenizer, rng, batch_size)),
+              ("scattered", far_steps, lambda: scattered_batch(tokenizer, rng, batch_size, far_tokens)))
+    done = 0
+    for name, phase_steps, draw in phases:
+        window = []
+        for k in range(phase_steps):
+            tokens, mask = draw()
+            params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(tokens), jnp.asarray(mask))
+            window.append(loss)
+            done += 1
+            if (k + 1) % report_every == 0 or k + 1 == phase_steps:
+                report[name].append((done, float(np.mean(jax.device_get(window)))))
+                window = []
+    report["gap_nats"] = gap_table(cfg, params, tokenizer)
+    return params, report

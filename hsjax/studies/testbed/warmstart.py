@@ -191,9 +191,12 @@ def eval_harnesses(value, pool) -> list:
 
 def unread(config) -> dict[str, str]:
     """{key: why} for keys this config holds that the run never reads (run.py rejects overriding them)."""
-    if not config.sft.copy_warmup_steps:
-        return {"sft.copy_warmup_lr": "sft.copy_warmup_steps=0: no copy warm-up"}
-    return {}
+    unread = {}
+    if not config.sft.copy_warmup_steps and not config.sft.copy_far_steps:
+        unread["sft.copy_warmup_lr"] = "sft.copy_warmup_steps=0 and sft.copy_far_steps=0: no copy warm-up"
+    if not config.sft.copy_far_steps:
+        unread["sft.copy_far_tokens"] = "sft.copy_far_steps=0: no scattered copy rows"
+    return unread
 
 
 def main(config, workdir: str) -> dict:
@@ -225,6 +228,7 @@ def main(config, workdir: str) -> dict:
     # A copy replay step is an update of the same optimizer: the schedule spans both kinds, and
     # before SFT step k the optimizer has made k + k // replay_every updates.
     replay_every = config.sft.copy_replay_every
+    far_tokens = config.sft.copy_far_tokens if config.sft.copy_far_steps else 0
     replays_before = (lambda k: k // replay_every) if replay_every else (lambda k: 0)
     optimizer = optim.make_optimizer(dict(config.optim), total_steps=config.sft.steps + replays_before(config.sft.steps))
     opt_state = optimizer.tx.init(params)
@@ -247,27 +251,33 @@ def main(config, workdir: str) -> dict:
         start_step, params, opt_state = restored.step, restored.state["params"], restored.state["opt_state"]
         batches.skip(start_step)
         console.say(f"resumed from step {start_step}")
-    elif config.sft.copy_warmup_steps:
+    elif config.sft.copy_warmup_steps or config.sft.copy_far_steps:
         # A fresh run only: a resumed one restored params that went through it.
-        params, curve = copy_warmup.warm_up(
+        params, report = copy_warmup.warm_up(
             cfg, params, tokenizer, steps=config.sft.copy_warmup_steps, batch_size=config.sft.batch_size,
-            learning_rate=config.sft.copy_warmup_lr, seed=config.seed)
-        metrics_lib.write_json(os.path.join(workdir, "copy_warmup.json"), {"loss_on_repeat": curve})
-        console.say(f"copy warm-up: {config.sft.copy_warmup_steps} steps, loss on the repeat "
-                    f"{curve[0][1]:.3g} (first {curve[0][0]}) -> {curve[-1][1]:.3g}")
+            learning_rate=config.sft.copy_warmup_lr, seed=config.seed,
+            far_steps=config.sft.copy_far_steps, far_tokens=far_tokens)
+        metrics_lib.write_json(os.path.join(workdir, "copy_warmup.json"), report)
+        for kind in ("repeat", "scattered"):
+            if report[kind]:
+                console.say(f"copy warm-up, {kind} rows: loss {report[kind][0][1]:.3g} (step "
+                            f"{report[kind][0][0]}) -> {report[kind][-1][1]:.3g} (step {report[kind][-1][0]})")
+        console.say("copy across a gap of " + ", ".join(f"{gap} tokens: {nats:.2f} nats"
+                                                        for gap, nats in report["gap_nats"].items()))
     writer.truncate_after(start_step)
 
     # ----------------------------------------------------------------------------------------------
     # Loop.
     t_loop = t_last = time.perf_counter()
     last, tokens_since = {}, 0
-    copy_step = copy_warmup.make_copy_step(cfg, optimizer.tx, config.sft.batch_size) if replay_every else None
+    copy_step = copy_warmup.make_copy_step(cfg, optimizer.tx) if replay_every else None
     for step in range(start_step, config.sft.steps):
         tokens, mask, length = batches.next()
         params, opt_state, m = step_fn(params, opt_state, prefix, jnp.asarray(tokens), jnp.asarray(mask),
                                        jnp.asarray(length))
         if replay_every and (step + 1) % replay_every == 0:
-            copy_tokens, copy_mask = copy_warmup.replay_batch(tokenizer, config.seed, step, config.sft.batch_size)
+            copy_tokens, copy_mask = copy_warmup.replay_batch(tokenizer, config.seed, step, config.sft.batch_size,
+                                                                 far_tokens)
             params, opt_state, m["loss/copy_replay"] = copy_step(params, opt_state, jnp.asarray(copy_tokens),
                                                                  jnp.asarray(copy_mask))
         tokens_since += len(data.prefix_P) + int(length.sum())
