@@ -26,17 +26,16 @@ def _probe_config(hf_dir, checkpoints):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """(warm start hf dir, training workdir with checkpoints 1-3)."""
-    from hsjax.studies.testbed import warmstart as sft
+    """(warm start hf dir, training workdir with checkpoints 1-3): the shipped warm start (test_sft
+    covers making one) and a smoke run from it."""
     from hsjax.modes import train
 
     root = tmp_path_factory.mktemp("probe_runs")
-    testbed = experiments.load("testbed")
-    sft.main(testbed.get_config("sft,smoke"), str(root / "D"))
-    c = testbed.get_config("policy_only,smoke")
-    c.model.hf_dir = str(root / "D" / "hf")
+    warm = REPO / "assets" / "testbed_warmstart"
+    c = experiments.load("testbed").get_config("policy_only,smoke")
+    c.model.hf_dir = str(warm)
     train.main(c, str(root / "R"))
-    return root / "D" / "hf", root / "R"
+    return warm, root / "R"
 
 
 @pytest.fixture(scope="module")
