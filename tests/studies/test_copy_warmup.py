@@ -77,9 +77,12 @@ def test_a_few_steps_lower_the_loss_on_both_kinds_of_rows():
     tok = tiny_tokenizer("tiny_words")
     cfg = get_preset("tiny", vocab_size=len(tok))
     params = init_params(cfg, jax.random.key(0))
+    lines = []
     new, report = copy_warmup.warm_up(cfg, params, tok, steps=60, batch_size=8, learning_rate=3e-3, seed=0,
-                                      far_steps=10, far_tokens=64, report_every=20)
+                                      far_steps=10, far_tokens=64, report_every=20,
+                                      on_report=lambda *line: lines.append(line))
     curve = report["repeat"]
+    assert lines == [("repeat", s, 70, v) for s, v in curve] + [("scattered", 70, 70, report["scattered"][0][1])]
     assert [s for s, _ in curve] == [20, 40, 60] and [s for s, _ in report["scattered"]] == [70]
     assert curve[-1][1] < curve[0][1] - 0.5, curve
     assert sorted(report["gap_nats"]) == [0, 40, 150, 400]

@@ -174,12 +174,13 @@ def replay_batch(tokenizer, seed: int, step: int, batch_size: int, far_tokens: i
 
 
 def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rate: float, seed: int,
-            far_steps: int = 0, far_tokens: int = 0, report_every: int = 50):
+            far_steps: int = 0, far_tokens: int = 0, report_every: int = 50, on_report=None):
     """`params` after `steps` AdamW steps on repeated lists, then `far_steps` on `scattered_row`s
     of `far_tokens` (one optimizer for both, discarded after): the repeats form the heads within
     a few hundred steps, the scattered rows stretch them over long gaps. Returns (params, report):
     report["repeat"] and report["scattered"] list (step, mean masked loss) every `report_every`
-    steps and at each phase's end; report["gap_nats"] is `gap_table` after the warm-up."""
+    steps and at each phase's end, each also passed to `on_report(kind, step, total, loss)` (the
+    run's progress lines); report["gap_nats"] is `gap_table` after the warm-up."""
     total = steps + far_steps
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
         optax.linear_schedule(0.0, learning_rate, min(20, total)), weight_decay=0.0))
@@ -200,5 +201,7 @@ def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rat
             if (k + 1) % report_every == 0 or k + 1 == phase_steps:
                 report[name].append((done, float(np.mean(jax.device_get(window)))))
                 window = []
+                if on_report is not None:
+                    on_report(name, done, total, report[name][-1][1])
     report["gap_nats"] = gap_table(cfg, params, tokenizer)
     return params, report

@@ -256,7 +256,9 @@ def main(config, workdir: str) -> dict:
         params, report = copy_warmup.warm_up(
             cfg, params, tokenizer, steps=config.sft.copy_warmup_steps, batch_size=config.sft.batch_size,
             learning_rate=config.sft.copy_warmup_lr, seed=config.seed,
-            far_steps=config.sft.copy_far_steps, far_tokens=far_tokens)
+            far_steps=config.sft.copy_far_steps, far_tokens=far_tokens, report_every=config.log.every,
+            on_report=lambda kind, step, total, loss: console.say(
+                f"copy warm-up {step}/{total} | {kind} rows | loss {loss:.3g}"))
         metrics_lib.write_json(os.path.join(workdir, "copy_warmup.json"), report)
         for kind in ("repeat", "scattered"):
             if report[kind]:
