@@ -165,7 +165,9 @@ def _names(c: ml_collections.ConfigDict) -> None:
     # tiny preset forms its induction heads in about 500 steps.
     c.sft.copy_warmup_steps = 800
     # Those heads copy from a few tokens back only (a list 40 tokens on costs 7.7 nats), a name
-    # stands 100-400 tokens before the SQL that copies it: stretch them over scattered rows.
+    # stands 100-400 tokens before the SQL that copies it: scattered rows try to stretch them. In
+    # v8 they reached farther (4.8-5.3 nats at gaps 40-400) but lost the short copy and learnt a bag
+    # of names, not the lookup (docs/results.md): no names warm start passes G1 yet.
     c.sft.copy_far_steps = 300
     # SFT at 3e-3 erased the warm-up's copy in 300 steps (docs/results.md): replay it, and train
     # at the warm-up's rate.
