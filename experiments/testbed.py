@@ -211,7 +211,7 @@ def demo_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict({"hf_dir": "assets/testbed_warmstart"})
     c.demo = ml_collections.ConfigDict()
     c.demo.arms = ("harness_s", "policy_only")
-    c.demo.total_steps = 5  # with the evaluations, about 8 minutes on the 2-core CPU
+    c.demo.total_steps = 5  # with the evaluations, 8-9.5 minutes on the 2-core CPU
     c.demo.eval_limit = 30
     return c
 
