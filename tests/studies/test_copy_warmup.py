@@ -67,7 +67,7 @@ def test_gap_rows_repeat_the_list_after_exactly_the_gap():
     rng = np.random.default_rng(0)
     for gap in (0, 7, 40):
         ids, mask = copy_warmup.gap_row(tok, rng, gap)
-        line = len(ids) - len(ids) // 2 if gap == 0 else (len(ids) - gap) // 2
+        line = (len(ids) - gap) // 2
         assert ids[:line] == ids[line + gap:] and len(ids) == 2 * line + gap
         assert mask == [0.0] * (line + gap + 1) + [1.0] * (line - 1)
         assert not set(ids[:line - 1]) & set(ids[line:line + gap])  # the filler shares no syllable

@@ -30,6 +30,8 @@ every N-th SFT step, one step of the same optimizer on copy rows drawn from (see
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,16 +69,20 @@ def copy_batch(tokenizer, rng: np.random.Generator, batch_size: int):
     return tokens, mask
 
 
+@functools.lru_cache(maxsize=8)
 def _syllable_ids(tokenizer) -> tuple[np.ndarray, int, int, int]:
     """(token id of each of `CV_SYLLABLES`, id of " ", of ", ", of "\n"): each is one token of the
-    words tokenizer, so a row is built from ids directly, as encoding its text would give."""
+    words tokenizer, so a row is built from ids directly, as encoding its text would give. Cached
+    per tokenizer: every scattered or gap row needs them, and replay draws a batch every few steps."""
     def one(text):
         ids = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) != 1:
             raise ValueError(f"{text!r} is {len(ids)} tokens of this tokenizer; the copy rows need "
                              "the words tokenizer (model.tokenizer=tiny_words)")
         return ids[0]
-    return np.array([one(s) for s in CV_SYLLABLES]), one(" "), one(", "), one("\n")
+    syllable_ids = np.array([one(s) for s in CV_SYLLABLES])
+    syllable_ids.setflags(write=False)  # shared by every caller through the cache
+    return syllable_ids, one(" "), one(", "), one("\n")
 
 
 def scattered_row(tokenizer, rng: np.random.Generator, row_tokens: int) -> tuple[list[int], list[float]]:
@@ -93,7 +99,7 @@ def scattered_row(tokenizer, rng: np.random.Generator, row_tokens: int) -> tuple
     sizes = rng.integers(2, 4, rng.integers(MIN_WORDS, MAX_WORDS + 1))
     names = np.split(syllable_ids[order[:sizes.sum()]], np.cumsum(sizes)[:-1])
     filler = syllable_ids[order[sizes.sum():]]
-    ids, mask = [], []
+    ids = []
     for k, name in enumerate(names):
         ids += [*name, comma if k + 1 < len(names) else newline]
     mask = [0.0] * len(ids)
