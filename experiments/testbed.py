@@ -87,8 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
     # learning rate; 0 steps = none, as every shipped warm start.
     c.sft.copy_warmup_steps = 0
     c.sft.copy_warmup_lr = 1e-3
-    # Steps on scattered copy rows after those (copy_warmup.scattered_row: names copied across
-    # gaps up to the row's length, `copy_far_tokens`); with them, replay draws such rows too.
+    # Steps after those that alternate repeat rows with gap rows (copy_warmup.gap_row: a list,
+    # up to `copy_far_tokens` of filler, the list again); with them, replay draws gap rows too.
     c.sft.copy_far_steps = 0
     c.sft.copy_far_tokens = 384
     # One step on copy rows (the same optimizer) after every N-th SFT step; 0 = never.
@@ -162,13 +162,15 @@ def _names(c: ml_collections.ConfigDict) -> None:
     c.sft.batch_size = 32
     c.sft.max_len = 640  # a few hidden-name episodes with a long table exceed 512
     # Two runs without it never learnt to copy a name (docs/results.md); on the warm-up's rows the
-    # tiny preset forms its induction heads in about 500 steps.
-    c.sft.copy_warmup_steps = 800
+    # tiny preset forms its induction heads in about 400-500 steps.
+    c.sft.copy_warmup_steps = 400
     # Those heads copy from a few tokens back only (a list 40 tokens on costs 7.7 nats), a name
-    # stands 100-400 tokens before the SQL that copies it: scattered rows try to stretch them. In
-    # v8 they reached farther (4.8-5.3 nats at gaps 40-400) but lost the short copy and learnt a bag
-    # of names, not the lookup (docs/results.md): no names warm start passes G1 yet.
-    c.sft.copy_far_steps = 300
+    # stands up to ~560 tokens before the SQL that copies it (prefix 209 + a reply of up to 352).
+    # Alternating repeat rows with gap rows stretches them: in a check from random weights the gap
+    # table at 0-550 went 2.3-7.6 -> 1.4-1.7 nats in 500 alternating steps, still falling; v8's
+    # scattered rows taught a bag of names instead (docs/results.md).
+    c.sft.copy_far_steps = 1200
+    c.sft.copy_far_tokens = 560
     # SFT at 3e-3 erased the warm-up's copy in 300 steps (docs/results.md): replay it, and train
     # at the warm-up's rate.
     c.sft.copy_replay_every = 2

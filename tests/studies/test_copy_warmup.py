@@ -28,38 +28,20 @@ def test_a_row_repeats_its_list_to_the_end_and_the_mask_covers_the_repeats():
     assert len(periods) > 3  # the offset of the repeat varies: no fixed position predicts it
 
 
-def test_scattered_rows_mask_exactly_the_later_syllables_of_names_repeated_after_the_header():
+def test_gap_batches_hold_gap_rows_of_gaps_across_the_range_padded_with_nothing_trained():
     tok = tiny_tokenizer("tiny_words")
-    syllable = {tok.encode(s, add_special_tokens=False)[0]: s for s in CV_SYLLABLES}
-    tokens, mask = copy_warmup.scattered_batch(tok, np.random.default_rng(0), 24, 256)
-    assert tokens.shape == mask.shape == (24, 256)
+    tokens, mask = copy_warmup.gap_batch(tok, np.random.default_rng(0), 32, 300)
+    assert tokens.shape == mask.shape == (32, 300 + 2 * copy_warmup.LIST_TOKENS)  # one shape: one compile
     gaps = []
     for row, m in zip(tokens, mask):
-        text = tok.decode([int(t) for t in row])
-        header, body = text.split("\n", 1)
-        names = header.split(", ")
-        assert copy_warmup.MIN_WORDS <= len(names) <= copy_warmup.MAX_WORDS
-        name_syllables = {n[i:i + 2] for n in names for i in range(0, len(n), 2)}
-        assert len(name_syllables) == sum(len(n) // 2 for n in names)  # no syllable twice
-        # Walk the body word by word: a word sharing a syllable with a name is that whole name
-        # (filler never uses one), and exactly its syllables after the first are masked.
-        position = len(tok.encode(header + "\n", add_special_tokens=False))
-        expected = np.zeros(256)
-        last_seen = {n: 0 for n in names}
-        for word in body.split(" "):
-            n_tokens = len(word) // 2
-            pieces = [word[i:i + 2] for i in range(0, len(word), 2)]
-            if set(pieces) & name_syllables:
-                if position + n_tokens < 256:  # the last word may be cut off
-                    assert word in names, (word, names)
-                expected[position + 1:position + n_tokens] = 1
-                gaps.append(position - last_seen.get(word, 0))
-                last_seen[word] = position
-            position += n_tokens + 1
-        np.testing.assert_array_equal(m, expected[:256])
-        assert all(syllable[int(t)] in name_syllables for t, v in zip(row, m) if v)
-    # The gaps back to a name's last occurrence span the row: a few tokens to well over a hundred.
-    assert min(gaps) < 20 and max(gaps) > 150, (min(gaps), max(gaps))
+        n = int(np.flatnonzero(row).max()) + 1  # id 0 is the padding; no syllable or separator is 0
+        ids = [int(t) for t in row[:n]]
+        k = copy_warmup.LIST_TOKENS  # the list: 3 words of 3 syllables, two ", ", one newline
+        assert ids[:k] == ids[n - k:] and tok.decode(ids[:k]).count(", ") == 2
+        gaps.append(n - 2 * k)
+        assert list(m[:n]) == [0.0] * (n - k + 1) + [1.0] * (k - 1)
+        assert not m[n:].any() and not row[n:].any()
+    assert min(gaps) < 40 and max(gaps) > 250 and all(0 <= g <= 300 for g in gaps), gaps
 
 
 def test_gap_rows_repeat_the_list_after_exactly_the_gap():
@@ -82,10 +64,12 @@ def test_a_few_steps_lower_the_loss_on_both_kinds_of_rows():
                                       far_steps=10, far_tokens=64, report_every=20,
                                       on_report=lambda *line: lines.append(line))
     curve = report["repeat"]
-    assert lines == [("repeat", s, 70, v) for s, v in curve] + [("scattered", 70, 70, report["scattered"][0][1])]
-    assert [s for s, _ in curve] == [20, 40, 60] and [s for s, _ in report["scattered"]] == [70]
+    assert lines == [("repeat", s, 70, v) for s, v in curve[:3]] + [
+        ("repeat", 70, 70, curve[3][1]), ("gap", 70, 70, report["gap"][0][1])]
+    # 5 of the 10 far steps are on repeat rows: their losses join the repeat curve's last point
+    assert [s for s, _ in curve] == [20, 40, 60, 70] and [s for s, _ in report["gap"]] == [70]
     assert curve[-1][1] < curve[0][1] - 0.5, curve
-    assert sorted(report["gap_nats"]) == [0, 40, 150, 400]
+    assert sorted(report["gap_nats"]) == [0, 40, 150, 400, 550]
     assert all(0 < v < 10 for v in report["gap_nats"].values())
     assert jax.tree.structure(new) == jax.tree.structure(params)
 
@@ -98,9 +82,14 @@ def test_replayed_rows_depend_on_the_seed_and_step_alone():
     np.testing.assert_array_equal(a[0], copy_warmup.replay_batch(tok, 0, 7, 4)[0])
     assert not np.array_equal(a[0], copy_warmup.replay_batch(tok, 0, 9, 4)[0])
     assert not np.array_equal(a[0], copy_warmup.replay_batch(tok, 1, 7, 4)[0])
-    far = copy_warmup.replay_batch(tok, 0, 7, 4, far_tokens=96)
-    assert far[0].shape == (4, 96)
-    np.testing.assert_array_equal(far[0], copy_warmup.replay_batch(tok, 0, 7, 4, far_tokens=96)[0])
+    # With far_tokens, about half the replays are gap batches of half as many rows.
+    far = [copy_warmup.replay_batch(tok, 0, step, 4, far_tokens=96)[0] for step in range(40)]
+    gap_steps = [step for step, tokens in enumerate(far) if tokens.shape[0] == 2]
+    assert 10 < len(gap_steps) < 30
+    assert all(far[step].shape[1] == 96 + 24 for step in gap_steps)
+    assert all(far[step].shape == (4, copy_warmup.ROW_TOKENS) for step in range(40) if step not in gap_steps)
+    step = gap_steps[0]
+    np.testing.assert_array_equal(far[step], copy_warmup.replay_batch(tok, 0, step, 4, far_tokens=96)[0])
 
 
 def test_gap_table_in_one_padded_forward_equals_a_forward_per_gap():

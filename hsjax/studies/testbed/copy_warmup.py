@@ -15,11 +15,12 @@ its loss stayed near uniform for 400 steps, as did a toy of one repeat at a rand
 1,250 steps, while the tiny preset learns the many-repeat rows in about 500 steps at a learning
 rate of 1e-3. Those heads copy from a few tokens back only (a list 40 tokens after its first
 copy costs 7.7 nats; docs/results.md, v7), short of the hundreds a name spans in an expert
-stream. So `sft.copy_far_steps` more steps follow on `scattered_row`s: a header of names, then
-filler in which the names recur at gaps from a few tokens to the whole row; `gap_table` measures
-the reach after the warm-up (the run prints it). In v8 those rows taught a bag of the header's
-names (3.2 nats on the scattered rows, 4.8-5.8 at every gap) and undid the short copy; what forms
-a long-range copy in this policy is still open (docs/results.md). The words are random
+stream. v8 stretched them with rows of a header of names and filler in which the names recur: it
+taught a bag of the header's names (4.8-5.8 nats at every gap) and undid the short copy. What
+works in a toy (docs/results.md) is a curriculum: after the repeats, `sft.copy_far_steps` steps
+alternate repeat rows with `gap_row`s (a list, up to `sft.copy_far_tokens` of filler, the list
+again), the repeats keeping the short copy while the gap rows stretch it; `gap_table` measures the
+reach after the warm-up (the run prints it). The words are random
 consonant-vowel syllables, not the tasks' names, and nothing about SQL, harnesses or SHOW TABLES
 is in them: the warm-up stands in for the pretraining a real policy has.
 
@@ -43,6 +44,7 @@ from hsjax.rl import losses
 
 ROW_TOKENS = 128  # every row filled to this many tokens
 MIN_WORDS, MAX_WORDS = 2, 5  # words in a row's list: periods of about 6 to 20 tokens
+LIST_TOKENS = 12  # a gap row's list: 3 words of 3 syllables, 2 commas and the end of line
 
 
 def copy_row(tokenizer, rng: np.random.Generator) -> tuple[list[int], int]:
@@ -73,7 +75,7 @@ def copy_batch(tokenizer, rng: np.random.Generator, batch_size: int):
 def _syllable_ids(tokenizer) -> tuple[np.ndarray, int, int, int]:
     """(token id of each of `CV_SYLLABLES`, id of " ", of ", ", of "\n"): each is one token of the
     words tokenizer, so a row is built from ids directly, as encoding its text would give. Cached
-    per tokenizer: every scattered or gap row needs them, and replay draws a batch every few steps."""
+    per tokenizer: every gap row needs them, and replay draws a batch every few steps."""
     def one(text):
         ids = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) != 1:
@@ -83,42 +85,6 @@ def _syllable_ids(tokenizer) -> tuple[np.ndarray, int, int, int]:
     syllable_ids = np.array([one(s) for s in CV_SYLLABLES])
     syllable_ids.setflags(write=False)  # shared by every caller through the cache
     return syllable_ids, one(" "), one(", "), one("\n")
-
-
-def scattered_row(tokenizer, rng: np.random.Generator, row_tokens: int) -> tuple[list[int], list[float]]:
-    """(`row_tokens` ids, their loss mask): copying across long gaps, as a name is copied from a
-    schema hundreds of tokens back.
-
-    A header line lists 2-5 names of 2-3 syllables; a body of filler words (1-3 syllables, never
-    a name's) follows, in which each word is one of the names with a probability drawn per row
-    from [0.03, 0.3] — so the gap back to a name's last occurrence runs from a few tokens to the
-    whole row. The mask covers a name's syllables after its first in the body: given the first,
-    only looking the name up in the context predicts the rest."""
-    syllable_ids, space, comma, newline = _syllable_ids(tokenizer)
-    order = rng.permutation(len(CV_SYLLABLES))
-    sizes = rng.integers(2, 4, rng.integers(MIN_WORDS, MAX_WORDS + 1))
-    names = np.split(syllable_ids[order[:sizes.sum()]], np.cumsum(sizes)[:-1])
-    filler = syllable_ids[order[sizes.sum():]]
-    ids = []
-    for k, name in enumerate(names):
-        ids += [*name, comma if k + 1 < len(names) else newline]
-    mask = [0.0] * len(ids)
-    p_name = rng.uniform(0.03, 0.3)
-    while len(ids) < row_tokens:
-        if rng.random() < p_name:
-            name = names[rng.integers(len(names))]
-            ids += [*name, space]
-            mask += [0.0] + [1.0] * (len(name) - 1) + [0.0]
-        else:
-            ids += [*rng.choice(filler, rng.integers(1, 4)), space]
-            mask += [0.0] * (len(ids) - len(mask))
-    return ids[:row_tokens], mask[:row_tokens]
-
-
-def scattered_batch(tokenizer, rng: np.random.Generator, batch_size: int, row_tokens: int):
-    """tokens_BxT, mask_BxT of `scattered_row`s."""
-    rows = [scattered_row(tokenizer, rng, row_tokens) for _ in range(batch_size)]
-    return (np.array([r[0] for r in rows], np.int32), np.array([r[1] for r in rows], np.float32))
 
 
 def gap_row(tokenizer, rng: np.random.Generator, gap: int) -> tuple[list[int], list[float]]:
@@ -131,10 +97,24 @@ def gap_row(tokenizer, rng: np.random.Generator, gap: int) -> tuple[list[int], l
     while len(filler) < gap:
         filler += [*rng.choice(syllable_ids[order[9:]], 2), space]
     ids = line + filler[:gap] + line
+    assert len(line) == LIST_TOKENS
     return ids, [0.0] * (len(line) + gap + 1) + [1.0] * (len(line) - 1)
 
 
-def gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400), rows: int = 16, seed: int = 7) -> dict[int, float]:
+def gap_batch(tokenizer, rng: np.random.Generator, batch_size: int, max_gap: int):
+    """tokens_BxT, mask_BxT of `gap_row`s with gaps drawn uniformly from [0, `max_gap`], padded at
+    the end to the longest possible row (causal attention: padding changes nothing before it, and
+    its mask is 0). One shape for every batch: a new length would compile the step again, and the
+    longest of a batch's rows is near the longest possible anyway."""
+    tokens = np.zeros((batch_size, max_gap + 2 * LIST_TOKENS), np.int32)
+    mask = np.zeros(tokens.shape, np.float32)
+    for b, gap in enumerate(rng.integers(0, max_gap + 1, batch_size)):
+        ids, m = gap_row(tokenizer, rng, int(gap))
+        tokens[b, :len(ids)], mask[b, :len(m)] = ids, m
+    return tokens, mask
+
+
+def gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400, 550), rows: int = 16, seed: int = 7) -> dict[int, float]:
     """{gap: mean nats on a 3-word list's second copy after its first token}, the list written
     once, then `gap` tokens of filler words from other syllables, then again: how far back the
     policy's heads copy from (a copying policy stays well under 1 nat at every gap). All rows go
@@ -172,44 +152,47 @@ def make_copy_step(cfg, tx):
 
 
 def replay_batch(tokenizer, seed: int, step: int, batch_size: int, far_tokens: int = 0):
-    """The copy rows replayed after SFT step `step`: `scattered_row`s of `far_tokens` when it is
-    set, else the repeated lists. Drawn from (seed, step) alone, so a resumed run replays the
-    same rows without carrying any state."""
+    """The copy rows replayed after SFT step `step`: repeated lists, or, when `far_tokens` is set,
+    with even odds a `gap_batch` of half as many rows with gaps up to `far_tokens` (the warm-up's
+    mix). Drawn from (seed, step) alone, so a resumed run replays the same rows without carrying
+    any state."""
     rng = np.random.default_rng([seed, step])
-    if far_tokens:
-        return scattered_batch(tokenizer, rng, batch_size, far_tokens)
+    if far_tokens and rng.random() < 0.5:
+        return gap_batch(tokenizer, rng, max(1, batch_size // 2), far_tokens)
     return copy_batch(tokenizer, rng, batch_size)
 
 
 def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rate: float, seed: int,
             far_steps: int = 0, far_tokens: int = 0, report_every: int = 50, on_report=None):
-    """`params` after `steps` AdamW steps on repeated lists, then `far_steps` on `scattered_row`s
-    of `far_tokens` (one optimizer for both, discarded after): the repeats form the heads within
-    a few hundred steps, the scattered rows stretch them over long gaps. Returns (params, report):
-    report["repeat"] and report["scattered"] list (step, mean masked loss) every `report_every`
-    steps and at each phase's end, each also passed to `on_report(kind, step, total, loss)` (the
-    run's progress lines); report["gap_nats"] is `gap_table` after the warm-up."""
+    """`params` after `steps` AdamW steps on repeated lists, then `far_steps` that alternate a step
+    on repeated lists with one on `gap_batch`es of half as many rows (gaps up to `far_tokens`; a
+    gap row is up to ~4x as long as a repeat row), one optimizer for all, discarded after. The
+    repeats form the copy heads within a few hundred steps; the gap rows then stretch them over
+    long gaps while the repeats keep the short copy (alone, long rows undid it: module docstring).
+    Returns (params, report): report["repeat"] (repeat rows, both phases) and report["gap"] (gap
+    rows) list (step, mean masked loss) every `report_every` steps and at the end, each also passed
+    to `on_report(kind, step, total, loss)` (the run's progress lines); report["gap_nats"] is
+    `gap_table` after the warm-up."""
     total = steps + far_steps
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
         optax.linear_schedule(0.0, learning_rate, min(20, total)), weight_decay=0.0))
     step_fn = make_copy_step(cfg, tx)
     rng = np.random.default_rng(seed)
     opt_state = tx.init(params)
-    report = {"repeat": [], "scattered": []}
-    phases = (("repeat", steps, lambda: copy_batch(tokenizer, rng, batch_size)),
-              ("scattered", far_steps, lambda: scattered_batch(tokenizer, rng, batch_size, far_tokens)))
-    done = 0
-    for name, phase_steps, draw in phases:
-        window = []
-        for k in range(phase_steps):
-            tokens, mask = draw()
-            params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(tokens), jnp.asarray(mask))
-            window.append(loss)
-            done += 1
-            if (k + 1) % report_every == 0 or k + 1 == phase_steps:
-                report[name].append((done, float(np.mean(jax.device_get(window)))))
-                window = []
-                if on_report is not None:
-                    on_report(name, done, total, report[name][-1][1])
+    report = {"repeat": [], "gap": []}
+    window = {"repeat": [], "gap": []}
+    for done in range(1, total + 1):
+        kind = "gap" if done > steps and (done - steps) % 2 == 0 else "repeat"
+        tokens, mask = (gap_batch(tokenizer, rng, max(1, batch_size // 2), far_tokens) if kind == "gap"
+                        else copy_batch(tokenizer, rng, batch_size))
+        params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(tokens), jnp.asarray(mask))
+        window[kind].append(loss)
+        if done % report_every == 0 or done == total:
+            for name, losses_so_far in window.items():
+                if losses_so_far:
+                    report[name].append((done, float(np.mean(jax.device_get(losses_so_far)))))
+                    if on_report is not None:
+                        on_report(name, done, total, report[name][-1][1])
+            window = {"repeat": [], "gap": []}
     report["gap_nats"] = gap_table(cfg, params, tokenizer)
     return params, report

@@ -195,7 +195,7 @@ def unread(config) -> dict[str, str]:
     if not config.sft.copy_warmup_steps and not config.sft.copy_far_steps:
         unread["sft.copy_warmup_lr"] = "sft.copy_warmup_steps=0 and sft.copy_far_steps=0: no copy warm-up"
     if not config.sft.copy_far_steps:
-        unread["sft.copy_far_tokens"] = "sft.copy_far_steps=0: no scattered copy rows"
+        unread["sft.copy_far_tokens"] = "sft.copy_far_steps=0: no gap copy rows"
     return unread
 
 
@@ -260,7 +260,7 @@ def main(config, workdir: str) -> dict:
             on_report=lambda kind, step, total, loss: console.say(
                 f"copy warm-up {step}/{total} | {kind} rows | loss {loss:.3g}"))
         metrics_lib.write_json(os.path.join(workdir, "copy_warmup.json"), report)
-        for kind in ("repeat", "scattered"):
+        for kind in ("repeat", "gap"):
             if report[kind]:
                 console.say(f"copy warm-up, {kind} rows: loss {report[kind][0][1]:.3g} (step "
                             f"{report[kind][0][0]}) -> {report[kind][-1][1]:.3g} (step {report[kind][-1][0]})")
