@@ -28,31 +28,38 @@ def test_a_row_repeats_its_list_to_the_end_and_the_mask_covers_the_repeats():
     assert len(periods) > 3  # the offset of the repeat varies: no fixed position predicts it
 
 
-def test_gap_batches_hold_gap_rows_of_gaps_across_the_range_padded_with_nothing_trained():
+def test_gap_batches_hold_gap_rows_with_gaps_and_leads_across_the_range_padded_with_nothing_trained():
     tok = tiny_tokenizer("tiny_words")
     tokens, mask = copy_warmup.gap_batch(tok, np.random.default_rng(0), 32, 300)
     assert tokens.shape == mask.shape == (32, 300 + 2 * copy_warmup.LIST_TOKENS)  # one shape: one compile
-    gaps = []
+    k = copy_warmup.LIST_TOKENS  # the list: 3 words of 3 syllables, two ", ", one newline
+    gaps, leads = [], []
     for row, m in zip(tokens, mask):
         n = int(np.flatnonzero(row).max()) + 1  # id 0 is the padding; no syllable or separator is 0
         ids = [int(t) for t in row[:n]]
-        k = copy_warmup.LIST_TOKENS  # the list: 3 words of 3 syllables, two ", ", one newline
-        assert ids[:k] == ids[n - k:] and tok.decode(ids[:k]).count(", ") == 2
-        gaps.append(n - 2 * k)
+        line = ids[n - k:]
+        lead = next(i for i in range(n - k) if ids[i:i + k] == line)  # the first copy
+        assert tok.decode(line).count(", ") == 2 and lead + k <= n - k
+        leads.append(lead)
+        gaps.append(n - k - (lead + k))
         assert list(m[:n]) == [0.0] * (n - k + 1) + [1.0] * (k - 1)
         assert not m[n:].any() and not row[n:].any()
-    assert min(gaps) < 40 and max(gaps) > 250 and all(0 <= g <= 300 for g in gaps), gaps
+    assert all(0 <= g and 0 <= l and g + l <= 300 for g, l in zip(gaps, leads))
+    assert min(gaps) < 40 and max(gaps) > 200 and min(leads) < 40 and max(leads) > 100, (gaps, leads)
 
 
-def test_gap_rows_repeat_the_list_after_exactly_the_gap():
+def test_gap_rows_repeat_the_list_after_exactly_the_lead_and_the_gap():
     tok = tiny_tokenizer("tiny_words")
     rng = np.random.default_rng(0)
-    for gap in (0, 7, 40):
-        ids, mask = copy_warmup.gap_row(tok, rng, gap)
-        line = (len(ids) - gap) // 2
-        assert ids[:line] == ids[line + gap:] and len(ids) == 2 * line + gap
-        assert mask == [0.0] * (line + gap + 1) + [1.0] * (line - 1)
-        assert not set(ids[:line - 1]) & set(ids[line:line + gap])  # the filler shares no syllable
+    k = copy_warmup.LIST_TOKENS
+    for gap, lead in ((0, 0), (7, 0), (40, 0), (0, 9), (40, 150)):
+        ids, mask = copy_warmup.gap_row(tok, rng, gap, lead)
+        assert len(ids) == lead + 2 * k + gap
+        line = ids[lead:lead + k]
+        assert ids[lead + k + gap:] == line
+        assert mask == [0.0] * (lead + k + gap + 1) + [1.0] * (k - 1)
+        filler = ids[:lead] + ids[lead + k:lead + k + gap]
+        assert not set(line[:-1]) & set(filler)  # the filler shares no syllable with the list
 
 
 def test_a_few_steps_lower_the_loss_on_both_kinds_of_rows():
@@ -69,7 +76,7 @@ def test_a_few_steps_lower_the_loss_on_both_kinds_of_rows():
     # 5 of the 10 far steps are on repeat rows: their losses join the repeat curve's last point
     assert [s for s, _ in curve] == [20, 40, 60, 70] and [s for s, _ in report["gap"]] == [70]
     assert curve[-1][1] < curve[0][1] - 0.5, curve
-    assert sorted(report["gap_nats"]) == [0, 40, 150, 400, 550]
+    assert sorted(report["gap_nats"]) == [0, 40, 150, 400, 550] and sorted(report["gap_nats_lead"]) == [0, 40, 150, 400]
     assert all(0 < v < 10 for v in report["gap_nats"].values())
     assert jax.tree.structure(new) == jax.tree.structure(params)
 

@@ -87,40 +87,50 @@ def _syllable_ids(tokenizer) -> tuple[np.ndarray, int, int, int]:
     return syllable_ids, one(" "), one(", "), one("\n")
 
 
-def gap_row(tokenizer, rng: np.random.Generator, gap: int) -> tuple[list[int], list[float]]:
-    """A 3-word list (3 syllables each), `gap` tokens of two-syllable filler words from other
-    syllables, the list again; the mask covers the second copy after its first token."""
+def gap_row(tokenizer, rng: np.random.Generator, gap: int, lead: int = 0) -> tuple[list[int], list[float]]:
+    """`lead` tokens of two-syllable filler words, a 3-word list (3 syllables each), `gap` tokens
+    of filler, the list again; the filler uses none of the list's syllables and the mask covers
+    the second copy after its first token. With `lead` 0 the first copy opens the row, and a
+    policy can learn "copy from the row's start" instead of a lookup (v9, docs/results.md)."""
     syllable_ids, space, comma, newline = _syllable_ids(tokenizer)
     order = rng.permutation(len(CV_SYLLABLES))
     line = [*syllable_ids[order[0:3]], comma, *syllable_ids[order[3:6]], comma, *syllable_ids[order[6:9]], newline]
-    filler = []
-    while len(filler) < gap:
-        filler += [*rng.choice(syllable_ids[order[9:]], 2), space]
-    ids = line + filler[:gap] + line
     assert len(line) == LIST_TOKENS
-    return ids, [0.0] * (len(line) + gap + 1) + [1.0] * (len(line) - 1)
+
+    def filler(n):
+        words = []
+        while len(words) < n:
+            words += [*rng.choice(syllable_ids[order[9:]], 2), space]
+        return words[:n]
+
+    ids = filler(gap)  # drawn first: a row without lead is the row earlier versions drew
+    ids = filler(lead) + line + ids + line
+    return ids, [0.0] * (lead + len(line) + gap + 1) + [1.0] * (len(line) - 1)
 
 
 def gap_batch(tokenizer, rng: np.random.Generator, batch_size: int, max_gap: int):
-    """tokens_BxT, mask_BxT of `gap_row`s with gaps drawn uniformly from [0, `max_gap`], padded at
-    the end to the longest possible row (causal attention: padding changes nothing before it, and
-    its mask is 0). One shape for every batch: a new length would compile the step again, and the
-    longest of a batch's rows is near the longest possible anyway."""
+    """tokens_BxT, mask_BxT of `gap_row`s with gaps drawn uniformly from [0, `max_gap`] and a lead
+    from [0, `max_gap` - gap], so the first copy stands anywhere in the row; padded at the end to
+    the longest possible row (causal attention: padding changes nothing before it, and its mask is
+    0). One shape for every batch: a new length would compile the step again."""
     tokens = np.zeros((batch_size, max_gap + 2 * LIST_TOKENS), np.int32)
     mask = np.zeros(tokens.shape, np.float32)
-    for b, gap in enumerate(rng.integers(0, max_gap + 1, batch_size)):
-        ids, m = gap_row(tokenizer, rng, int(gap))
+    for b in range(batch_size):
+        gap = int(rng.integers(0, max_gap + 1))
+        ids, m = gap_row(tokenizer, rng, gap, int(rng.integers(0, max_gap - gap + 1)))
         tokens[b, :len(ids)], mask[b, :len(m)] = ids, m
     return tokens, mask
 
 
-def gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400, 550), rows: int = 16, seed: int = 7) -> dict[int, float]:
-    """{gap: mean nats on a 3-word list's second copy after its first token}, the list written
-    once, then `gap` tokens of filler words from other syllables, then again: how far back the
-    policy's heads copy from (a copying policy stays well under 1 nat at every gap). All rows go
-    through one forward, padded at the end (causal attention: the padding changes nothing)."""
+def gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400, 550), rows: int = 16, seed: int = 7,
+              lead: int = 0) -> dict[int, float]:
+    """{gap: mean nats on a 3-word list's second copy after its first token}, `lead` tokens of
+    filler, the list, `gap` tokens of filler words from other syllables, the list again: how far
+    back the policy's heads copy from (a copying policy stays well under 1 nat at every gap, and
+    at every lead: a lookup does not care where the first copy stands). All rows go through one
+    forward, padded at the end (causal attention: the padding changes nothing)."""
     rng = np.random.default_rng(seed)
-    drawn = [gap_row(tokenizer, rng, gap) for gap in gaps for _ in range(rows)]
+    drawn = [gap_row(tokenizer, rng, gap, lead) for gap in gaps for _ in range(rows)]
     length = max(len(ids) for ids, _ in drawn)
     tokens = np.zeros((len(drawn), length), np.int32)
     mask = np.zeros((len(drawn), length), np.float32)
@@ -172,7 +182,8 @@ def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rat
     Returns (params, report): report["repeat"] (repeat rows, both phases) and report["gap"] (gap
     rows) list (step, mean masked loss) every `report_every` steps and at the end, each also passed
     to `on_report(kind, step, total, loss)` (the run's progress lines); report["gap_nats"] is
-    `gap_table` after the warm-up."""
+    `gap_table` after the warm-up, report["gap_nats_lead"] the same with the first copy after
+    150 tokens of filler (a lookup, not "copy from the row's start")."""
     total = steps + far_steps
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
         optax.linear_schedule(0.0, learning_rate, min(20, total)), weight_decay=0.0))
@@ -195,4 +206,5 @@ def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rat
                         on_report(name, done, total, report[name][-1][1])
             window = {"repeat": [], "gap": []}
     report["gap_nats"] = gap_table(cfg, params, tokenizer)
+    report["gap_nats_lead"] = gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400), lead=150)
     return params, report

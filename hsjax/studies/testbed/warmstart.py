@@ -266,6 +266,8 @@ def main(config, workdir: str) -> dict:
                             f"{report[kind][0][0]}) -> {report[kind][-1][1]:.3g} (step {report[kind][-1][0]})")
         console.say("copy across a gap of " + ", ".join(f"{gap} tokens: {nats:.2f} nats"
                                                         for gap, nats in report["gap_nats"].items()))
+        console.say("the same, first copy after 150 tokens: " + ", ".join(
+            f"{gap}: {nats:.2f}" for gap, nats in report["gap_nats_lead"].items()))
     writer.truncate_after(start_step)
 
     # ----------------------------------------------------------------------------------------------
