@@ -168,7 +168,8 @@ def _names(c: ml_collections.ConfigDict) -> None:
     # stands up to ~560 tokens before the SQL that copies it (prefix 209 + a reply of up to 352).
     # Alternating repeat rows with gap rows stretches them: in a check from random weights the gap
     # table at 0-550 went 2.3-7.6 -> 1.4-1.7 nats in 500 alternating steps, still falling; v8's
-    # scattered rows taught a bag of names instead (docs/results.md).
+    # scattered rows taught a bag of names instead. v9 (1,200 such steps) copied at 0.4-1.2 nats
+    # but only from the row's start; gap rows now draw a lead before the first copy (docs/results.md).
     c.sft.copy_far_steps = 1200
     c.sft.copy_far_tokens = 560
     # SFT at 3e-3 erased the warm-up's copy in 300 steps (docs/results.md): replay it, and train
