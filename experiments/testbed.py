@@ -87,8 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
     # learning rate; 0 steps = none, as every shipped warm start.
     c.sft.copy_warmup_steps = 0
     c.sft.copy_warmup_lr = 1e-3
-    # Steps after those that alternate repeat rows with gap rows (copy_warmup.gap_row: a list,
-    # up to `copy_far_tokens` of filler, the list again); with them, replay draws gap rows too.
+    # Steps after those that alternate repeat rows with gap rows (copy_warmup.gap_row: filler, a
+    # list, filler, the list again, within `copy_far_tokens`); with them, replay draws gap rows too.
     c.sft.copy_far_steps = 0
     c.sft.copy_far_tokens = 384
     # One step on copy rows (the same optimizer) after every N-th SFT step; 0 = never.

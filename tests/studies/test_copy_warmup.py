@@ -93,7 +93,7 @@ def test_replayed_rows_depend_on_the_seed_and_step_alone():
     far = [copy_warmup.replay_batch(tok, 0, step, 4, far_tokens=96)[0] for step in range(40)]
     gap_steps = [step for step, tokens in enumerate(far) if tokens.shape[0] == 2]
     assert 10 < len(gap_steps) < 30
-    assert all(far[step].shape[1] == 96 + 24 for step in gap_steps)
+    assert all(far[step].shape[1] == 96 + 2 * copy_warmup.LIST_TOKENS for step in gap_steps)
     assert all(far[step].shape == (4, copy_warmup.ROW_TOKENS) for step in range(40) if step not in gap_steps)
     step = gap_steps[0]
     np.testing.assert_array_equal(far[step], copy_warmup.replay_batch(tok, 0, step, 4, far_tokens=96)[0])

@@ -17,10 +17,13 @@ rate of 1e-3. Those heads copy from a few tokens back only (a list 40 tokens aft
 copy costs 7.7 nats; docs/results.md, v7), short of the hundreds a name spans in an expert
 stream. v8 stretched them with rows of a header of names and filler in which the names recur: it
 taught a bag of the header's names (4.8-5.8 nats at every gap) and undid the short copy. What
-works in a toy (docs/results.md) is a curriculum: after the repeats, `sft.copy_far_steps` steps
-alternate repeat rows with `gap_row`s (a list, up to `sft.copy_far_tokens` of filler, the list
-again), the repeats keeping the short copy while the gap rows stretch it; `gap_table` measures the
-reach after the warm-up (the run prints it). The words are random
+stretched them in a toy and in v9 (docs/results.md) is a curriculum: after the repeats,
+`sft.copy_far_steps` steps alternate repeat rows with `gap_row`s (a list, up to
+`sft.copy_far_tokens` of filler, the list again), the repeats keeping the short copy while the gap
+rows stretch it. In v9 every gap row opened with its list, and the policy learnt to copy what the
+row opened with, not a lookup; gap rows now draw a lead of filler before the first copy, and
+`gap_table` measures the reach after the warm-up both with the first copy at the row's start and
+150 tokens in (the run prints both). The words are random
 consonant-vowel syllables, not the tasks' names, and nothing about SQL, harnesses or SHOW TABLES
 is in them: the warm-up stands in for the pretraining a real policy has.
 
@@ -103,8 +106,8 @@ def gap_row(tokenizer, rng: np.random.Generator, gap: int, lead: int = 0) -> tup
             words += [*rng.choice(syllable_ids[order[9:]], 2), space]
         return words[:n]
 
-    ids = filler(gap)  # drawn first: a row without lead is the row earlier versions drew
-    ids = filler(lead) + line + ids + line
+    between = filler(gap)  # drawn first: a row without lead is the row earlier versions drew
+    ids = filler(lead) + line + between + line
     return ids, [0.0] * (lead + len(line) + gap + 1) + [1.0] * (len(line) - 1)
 
 
@@ -113,13 +116,26 @@ def gap_batch(tokenizer, rng: np.random.Generator, batch_size: int, max_gap: int
     from [0, `max_gap` - gap], so the first copy stands anywhere in the row; padded at the end to
     the longest possible row (causal attention: padding changes nothing before it, and its mask is
     0). One shape for every batch: a new length would compile the step again."""
-    tokens = np.zeros((batch_size, max_gap + 2 * LIST_TOKENS), np.int32)
-    mask = np.zeros(tokens.shape, np.float32)
-    for b in range(batch_size):
+    rows = []
+    for _ in range(batch_size):
         gap = int(rng.integers(0, max_gap + 1))
-        ids, m = gap_row(tokenizer, rng, gap, int(rng.integers(0, max_gap - gap + 1)))
+        rows.append(gap_row(tokenizer, rng, gap, int(rng.integers(0, max_gap - gap + 1))))
+    return _padded(rows, max_gap + 2 * LIST_TOKENS)
+
+
+def _padded(rows, length: int):
+    """tokens_BxT, mask_BxT of (ids, mask) rows, each padded with 0 at the end to `length`."""
+    tokens = np.zeros((len(rows), length), np.int32)
+    mask = np.zeros((len(rows), length), np.float32)
+    for b, (ids, m) in enumerate(rows):
         tokens[b, :len(ids)], mask[b, :len(m)] = ids, m
     return tokens, mask
+
+
+def gap_rows_per_batch(batch_size: int) -> int:
+    """Gap rows in a batch beside `batch_size` repeat rows: half as many (a gap row is up to ~4x as
+    long as a repeat row), in the warm-up and in replay alike."""
+    return max(1, batch_size // 2)
 
 
 def gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400, 550), rows: int = 16, seed: int = 7,
@@ -131,12 +147,8 @@ def gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400, 550), rows: int = 1
     forward, padded at the end (causal attention: the padding changes nothing)."""
     rng = np.random.default_rng(seed)
     drawn = [gap_row(tokenizer, rng, gap, lead) for gap in gaps for _ in range(rows)]
-    length = max(len(ids) for ids, _ in drawn)
-    tokens = np.zeros((len(drawn), length), np.int32)
-    mask = np.zeros((len(drawn), length), np.float32)
-    for b, (ids, m) in enumerate(drawn):
-        tokens[b, :len(ids)], mask[b, :len(m)] = ids, m
-    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape)
+    tokens, mask = _padded(drawn, max(len(ids) for ids, _ in drawn))
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     logits, _ = forward(cfg, params, jnp.asarray(tokens), positions)
     nats = -np.asarray(losses.token_logp(logits, jnp.asarray(tokens))[0]) * mask
     return {gap: float(nats[k * rows:(k + 1) * rows].sum() / mask[k * rows:(k + 1) * rows].sum())
@@ -168,15 +180,15 @@ def replay_batch(tokenizer, seed: int, step: int, batch_size: int, far_tokens: i
     any state."""
     rng = np.random.default_rng([seed, step])
     if far_tokens and rng.random() < 0.5:
-        return gap_batch(tokenizer, rng, max(1, batch_size // 2), far_tokens)
+        return gap_batch(tokenizer, rng, gap_rows_per_batch(batch_size), far_tokens)
     return copy_batch(tokenizer, rng, batch_size)
 
 
 def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rate: float, seed: int,
             far_steps: int = 0, far_tokens: int = 0, report_every: int = 50, on_report=None):
     """`params` after `steps` AdamW steps on repeated lists, then `far_steps` that alternate a step
-    on repeated lists with one on `gap_batch`es of half as many rows (gaps up to `far_tokens`; a
-    gap row is up to ~4x as long as a repeat row), one optimizer for all, discarded after. The
+    on repeated lists with one on `gap_batch`es of `gap_rows_per_batch` rows (gaps up to
+    `far_tokens`), one optimizer for all, discarded after. The
     repeats form the copy heads within a few hundred steps; the gap rows then stretch them over
     long gaps while the repeats keep the short copy (alone, long rows undid it: module docstring).
     Returns (params, report): report["repeat"] (repeat rows, both phases) and report["gap"] (gap
@@ -194,7 +206,7 @@ def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rat
     window = {"repeat": [], "gap": []}
     for done in range(1, total + 1):
         kind = "gap" if done > steps and (done - steps) % 2 == 0 else "repeat"
-        tokens, mask = (gap_batch(tokenizer, rng, max(1, batch_size // 2), far_tokens) if kind == "gap"
+        tokens, mask = (gap_batch(tokenizer, rng, gap_rows_per_batch(batch_size), far_tokens) if kind == "gap"
                         else copy_batch(tokenizer, rng, batch_size))
         params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(tokens), jnp.asarray(mask))
         window[kind].append(loss)
