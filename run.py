@@ -43,6 +43,7 @@ MODES = {
     "serve": "hsjax.modes.serve",
     "export": "hsjax.modes.export",
     "sft": "hsjax.studies.testbed.warmstart",
+    "copy_base": "hsjax.studies.testbed.copy_base",
     "probe": "hsjax.studies.testbed.probe",
     "testbed_demo": "hsjax.studies.testbed.demo",
     "testbed_gates": "hsjax.studies.testbed.gates",

@@ -3,6 +3,10 @@
 `get_config(arg)`: `arg` is a comma-separated list of variants applied in order to `base_config()`
 (`VARIANTS`). Later arms (`policy_only`, `harness_s`, ...) extend the same base.
 
+Copy base of the names regime (`:copy_base,names`, the copy warm-up alone; W/hf, W/copy_warmup.json):
+
+    python run.py --config experiments/testbed.py:copy_base,names --workdir W_copy
+
 SFT warm start (writes W/metrics.jsonl, W/hf, W/checkpoints, W/eval/sft.json; docs/testbed.md):
 
     python run.py --config experiments/testbed.py:sft --workdir /tmp/hsjax/sft
@@ -77,6 +81,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.sft = ml_collections.ConfigDict()
     c.sft.num_tasks = 1500  # the first tasks of the train split become expert episodes
+    # A model directory (save_pretrained) SFT starts from instead of random weights: a copy base
+    # (`:copy_base`, hsjax/studies/testbed/copy_base.py) for the names regime; "" = random weights.
+    c.sft.init_from = ""
     c.sft.steps = 300
     c.sft.batch_size = 16
     c.sft.max_len = 1024
@@ -119,6 +126,11 @@ def base_config() -> ml_collections.ConfigDict:
 
 def _sft(c: ml_collections.ConfigDict) -> None:
     c.mode = "sft"
+
+
+def _copy_base(c: ml_collections.ConfigDict) -> None:
+    """The copy warm-up alone, saved as W/hf for `sft.init_from` (with `:names`: the names regime's)."""
+    c.mode = "copy_base"
 
 
 def _premature(c: ml_collections.ConfigDict) -> None:
@@ -247,6 +259,7 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
 
 VARIANTS = {
     "sft": _sft,
+    "copy_base": _copy_base,
     "names": _names,
     "gpu": _gpu,
     "premature": _premature,

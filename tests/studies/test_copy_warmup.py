@@ -1,5 +1,8 @@
 """The copy warm-up before SFT: rows that repeat random syllable words, and a few steps on them."""
+import json
+
 import jax
+import pytest
 import numpy as np
 
 from hsjax.models.presets import get_preset
@@ -8,24 +11,32 @@ from hsjax.models.tokenizer import CV_SYLLABLES, tiny_tokenizer
 from hsjax.studies.testbed import copy_warmup
 
 
-def test_a_row_repeats_its_list_to_the_end_and_the_mask_covers_the_repeats():
+def test_a_row_repeats_its_list_after_a_lead_and_the_mask_covers_the_repeats():
     tok = tiny_tokenizer("tiny_words")
-    tokens, mask = copy_warmup.copy_batch(tok, np.random.default_rng(0), 16)
-    assert tokens.shape == mask.shape == (16, copy_warmup.ROW_TOKENS)
-    periods = set()
+    tokens, mask = copy_warmup.copy_batch(tok, np.random.default_rng(0), 32)
+    assert tokens.shape == mask.shape == (32, copy_warmup.ROW_TOKENS)
+    periods, leads = set(), set()
     for row, m in zip(tokens, mask):
-        lines = tok.decode([int(t) for t in row]).split("\n")
-        words = lines[0].split(", ")
-        assert copy_warmup.MIN_WORDS <= len(words) <= copy_warmup.MAX_WORDS
-        assert all(line == lines[0] for line in lines[1:-1]) and lines[0].startswith(lines[-1])
-        syllables = [w[i:i + 2] for w in words for i in range(0, len(w), 2)]
+        start = int(np.flatnonzero(m)[0]) - 1  # the first repeat's first token
+        text = tok.decode([int(t) for t in row[start:]])
+        words = text.split(", ")[:-1]
+        k = next(i for i in range(1, len(words)) if words[i] == words[0])  # words in the list
+        assert copy_warmup.MIN_WORDS <= k <= copy_warmup.MAX_WORDS
+        assert words == (words[:k] * len(words))[:len(words)]
+        period = len(tok.encode(", ".join(words[:k]) + ", ", add_special_tokens=False))
+        lead = start - period
+        assert 0 <= lead <= copy_warmup.MAX_LEAD
+        assert list(row[start:]) == list(row[lead:len(row) - period])  # the list, again and again
+        syllables = [w[i:i + 2] for w in words[:k] for i in range(0, len(w), 2)]
         assert set(syllables) <= set(CV_SYLLABLES) and len(syllables) == len(set(syllables))
-        # Trained: every token after the first of the first repeat; nothing before it.
-        period = len(tok.encode(lines[0] + "\n", add_special_tokens=False))
-        assert list(row[period:]) == list(row[:len(row) - period])
-        assert m[:period + 1].sum() == 0 and m[period + 1:].all()
+        # the filler: words of syllables the list does not use, no comma, no line break
+        assert not set(row[:lead]) & set(row[lead:start]) - {int(t) for t in tok.encode(", ", add_special_tokens=False)}
+        assert "," not in tok.decode([int(t) for t in row[:lead]]) and "\n" not in tok.decode([int(t) for t in row])
+        assert m[:start + 1].sum() == 0 and m[start + 1:].all()
         periods.add(period)
-    assert len(periods) > 3  # the offset of the repeat varies: no fixed position predicts it
+        leads.add(lead)
+    # neither the offset of the repeat nor where the list starts is fixed: only a lookup predicts
+    assert len(periods) > 3 and len(leads) > 10 and min(leads) < 10 and max(leads) > 35
 
 
 def test_gap_batches_hold_gap_rows_with_gaps_and_leads_across_the_range_padded_with_nothing_trained():
@@ -76,8 +87,9 @@ def test_a_few_steps_lower_the_loss_on_both_kinds_of_rows():
     # 5 of the 10 far steps are on repeat rows: their losses join the repeat curve's last point
     assert [s for s, _ in curve] == [20, 40, 60, 70] and [s for s, _ in report["gap"]] == [70]
     assert curve[-1][1] < curve[0][1] - 0.5, curve
-    assert sorted(report["gap_nats"]) == [0, 40, 150, 400, 550] and sorted(report["gap_nats_lead"]) == [0, 40, 150, 400]
-    assert all(0 < v < 10 for v in report["gap_nats"].values())
+    tables = copy_warmup.gap_tables(cfg, new, tok)
+    assert sorted(tables["gap_nats"]) == [0, 40, 150, 400, 550] and sorted(tables["gap_nats_lead"]) == [0, 40, 150, 400]
+    assert all(0 < v < 10 for table in tables.values() for v in table.values())
     assert jax.tree.structure(new) == jax.tree.structure(params)
 
 
@@ -113,3 +125,62 @@ def test_gap_table_in_one_padded_forward_equals_a_forward_per_gap():
         positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
         logp = losses.token_logp(forward(cfg, params, jnp.asarray(ids), positions)[0], jnp.asarray(ids))[0]
         np.testing.assert_allclose(table[gap], -(np.asarray(logp) * mask).sum() / mask.sum(), rtol=1e-5)
+
+
+def test_a_resumed_warm_up_ends_where_an_uninterrupted_one_does():
+    tok = tiny_tokenizer("tiny_words")
+    cfg = get_preset("tiny", vocab_size=len(tok))
+    params = init_params(cfg, jax.random.key(0))
+    kwargs = dict(steps=3, batch_size=4, learning_rate=1e-3, seed=0, far_steps=4, far_tokens=48, report_every=2)
+    whole, _ = copy_warmup.warm_up(cfg, params, tok, **kwargs)
+    saved = {}
+    copy_warmup.warm_up(cfg, params, tok, **kwargs,
+                        on_step=lambda done, p, o: saved.setdefault(done, (p, o)))
+    p4, o4 = saved[4]  # killed after step 4, a repeat step; a gap step follows
+    resumed, report = copy_warmup.warm_up(cfg, p4, tok, **kwargs, start=4, opt_state=o4)
+    assert [s for s, _ in report["repeat"]] == [6] and [s for s, _ in report["gap"]] == [6, 7]
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_warm_up_steps_draw_their_rows_from_the_seed_and_step_alone():
+    tok = tiny_tokenizer("tiny_words")
+    a = copy_warmup.warmup_batch(tok, 0, 6, 3, 4, 48)  # 3 repeat steps, then gap rows on steps 5, 7, ...
+    assert a[0] == "repeat" and copy_warmup.warmup_batch(tok, 0, 5, 3, 4, 48)[0] == "gap"
+    np.testing.assert_array_equal(a[1], copy_warmup.warmup_batch(tok, 0, 6, 3, 4, 48)[1])
+    assert not np.array_equal(a[1], copy_warmup.warmup_batch(tok, 1, 6, 3, 4, 48)[1])
+    assert not np.array_equal(a[1], copy_warmup.warmup_batch(tok, 0, 8, 3, 4, 48)[1])
+
+
+def test_a_killed_copy_base_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, monkeypatch):
+    from hsjax.infra import experiments
+    from hsjax.models import load_pretrained
+    from hsjax.studies.testbed import copy_base
+
+    config = experiments.get_config("testbed", "copy_base,names,smoke")  # 2 repeat + 2 alternating steps
+    config.sft.save_every = 2
+    copy_base.main(config, str(tmp_path / "whole"))
+
+    class Killed(Exception):
+        pass
+
+    warm_up = copy_warmup.warm_up
+
+    def killed_after_step_3(*args, on_step, **kwargs):
+        def step(done, p, o):
+            on_step(done, p, o)
+            if done == 3:
+                raise Killed
+        return warm_up(*args, on_step=step, **kwargs)
+
+    monkeypatch.setattr(copy_warmup, "warm_up", killed_after_step_3)
+    with pytest.raises(Killed):
+        copy_base.main(config, str(tmp_path / "cut"))
+    monkeypatch.setattr(copy_warmup, "warm_up", warm_up)
+    copy_base.main(config, str(tmp_path / "cut"))  # resumes from the step-2 checkpoint
+    _, a, _ = load_pretrained(tmp_path / "whole" / "hf")
+    _, b, _ = load_pretrained(tmp_path / "cut" / "hf")
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps))  # the rows after the checkpoint were rewritten, not duplicated

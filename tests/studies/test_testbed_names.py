@@ -84,11 +84,21 @@ def warm_start(tmp_path_factory):
 def test_names_sft_reads_its_config(tmp_path):
     config = experiments.get_config("testbed", "sft,names,smoke")
     config.sft.steps = 2
+    config.sft.init_from = ""  # from random weights, through the copy warm-up
     assert never_read(config, lambda: warmstart.main(config, str(tmp_path))) == set()
     out = json.loads((tmp_path / "eval" / "sft.json").read_text())
     assert set(out["regime"]) <= {"base/protocol", "tables_first/protocol", "base/guess_table",
                                   "base/show_tables", "tables_first/show_tables", "tables_first/guess_table",
                                   "schema_reminder/guess_table", "schema_reminder/show_tables"}
+
+
+def test_names_sft_from_a_copy_base_reads_its_config_and_skips_the_warm_up(warm_start, tmp_path):
+    config = experiments.get_config("testbed", "sft,names,smoke")
+    config.sft.steps = 2
+    config.sft.init_from = str(warm_start)  # any model directory of the words tokenizer
+    unread = never_read(config, lambda: warmstart.main(config, str(tmp_path)))
+    assert covered(unread, warmstart.unread(config)) == set()
+    assert not (tmp_path / "copy_warmup.json").exists()
 
 
 def test_gates_run_on_a_warm_start_and_write_their_table(warm_start, tmp_path, capsys):
@@ -170,3 +180,28 @@ def test_mechanism_curve_scores_the_warm_start_and_every_checkpoint(warm_start, 
     # not loaded).
     assert out["per_prompt"][2] != out["per_prompt"][0]
     assert "| 2 |" in capsys.readouterr().out
+
+
+def test_sft_starts_from_the_copy_base_it_is_given(tmp_path):
+    from hsjax.infra.errors import UserError
+    from hsjax.models import get_preset, init_params, save_pretrained
+    from hsjax.models.tokenizer import tiny_tokenizer
+
+    tok = tiny_tokenizer("tiny_words")
+    cfg = get_preset("tiny", vocab_size=len(tok), num_layers=2)  # a shape the preset does not have
+    params = init_params(cfg, jax.random.key(3))
+    save_pretrained(params, cfg, tok, tmp_path / "base")
+    config = experiments.get_config("testbed", "sft,names,smoke")
+    config.sft.init_from = str(tmp_path / "base")
+    got_cfg, got = warmstart.build_model(config, tok)
+    assert got_cfg.num_layers == 2
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(got)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    unread = warmstart.unread(config)
+    assert {"model.preset", "model.overrides", "sft.copy_warmup_steps", "sft.copy_far_steps"} <= set(unread)
+    assert "sft.copy_far_tokens" not in unread  # replay from a copy base draws gap rows
+    with pytest.raises(UserError, match="tokenizer other than"):
+        warmstart.build_model(config, tiny_tokenizer("tiny"))
+    config.sft.init_from = str(tmp_path / "missing")
+    with pytest.raises(UserError, match="not a model directory"):
+        warmstart.build_model(config, tok)

@@ -6,26 +6,29 @@ learnt the protocol, the SQL, the answers' numbers and when to run SHOW TABLES, 
 2,100 steps still spent about log 63 nats on every syllable of a copied name — even the second
 syllable of a name whose first syllable occurs once in the context: no induction head had formed.
 
-What forms one quickly is repetition (docs/results.md, "the warm-up that teaches copying"): rows in which a short
-random list of words is written again and again until the row is full ("kuvo, geba\nkuvo, geba\n
-..."), the loss on everything after the list's first token repeats. The list's length varies from
-row to row, so no fixed offset predicts the repeat; only matching the current token to its earlier
-occurrence and copying what followed it does. A first version wrote a 12-word list exactly twice:
-its loss stayed near uniform for 400 steps, as did a toy of one repeat at a random offset for
-1,250 steps, while the tiny preset learns the many-repeat rows in about 500 steps at a learning
-rate of 1e-3. Those heads copy from a few tokens back only (a list 40 tokens after its first
-copy costs 7.7 nats; docs/results.md, v7), short of the hundreds a name spans in an expert
-stream. v8 stretched them with rows of a header of names and filler in which the names recur: it
-taught a bag of the header's names (4.8-5.8 nats at every gap) and undid the short copy. What
-stretched them in a toy and in v9 (docs/results.md) is a curriculum: after the repeats,
-`sft.copy_far_steps` steps alternate repeat rows with `gap_row`s (a list, up to
-`sft.copy_far_tokens` of filler, the list again), the repeats keeping the short copy while the gap
-rows stretch it. In v9 every gap row opened with its list, and the policy learnt to copy what the
-row opened with, not a lookup; gap rows now draw a lead of filler before the first copy, and
-`gap_table` measures the reach after the warm-up both with the first copy at the row's start and
-150 tokens in (the run prints both). The words are random
-consonant-vowel syllables, not the tasks' names, and nothing about SQL, harnesses or SHOW TABLES
-is in them: the warm-up stands in for the pretraining a real policy has.
+What forms copy heads quickly is repetition (docs/results.md, "the warm-up that teaches copying"):
+rows in which a short random list of words is written again and again until the row is full, the
+loss on everything after the list's first token repeats. A first version wrote a 12-word list
+exactly twice: its loss stayed near uniform for 400 steps, as did a toy of one repeat at a random
+offset for 1,250 steps, while the tiny preset learns many-repeat rows in a few hundred steps.
+Those heads copy from a few tokens back only (a list 40 tokens after its first copy costs 7.7
+nats; docs/results.md, v7), short of the hundreds a name spans in an expert stream. v8 stretched
+them with rows of a header of names and filler in which the names recur: it taught a bag of the
+header's names. What stretches them (v9) is a curriculum: after the repeats, `sft.copy_far_steps`
+steps alternate repeat rows with `gap_row`s (filler, a list, up to `sft.copy_far_tokens` of filler,
+the list again).
+
+Every row of v6-v9 opened with its list, and a repeat row was lines ("kuvo, geba\nkuvo, geba\n"):
+the policy learnt to copy by position — the same offset after the last line break, the row's
+first tokens — not by looking the current token up. In v9 it copied at 0.4-1.2 nats at every gap
+with the first copy at the row's start, and at 4.4-6.2 nats with it 150 tokens in (docs/results.md);
+so a name in the middle of a prompt was not copied. Since v10 no row offers a place to count from:
+a repeat row opens with a random lead of filler and has no line breaks ("tamo rive kuvo, geba,
+kuvo, geba, ..."), and a gap row draws a lead before its first copy. `gap_tables` measures the
+reach with the first copy at the row's start and 150 tokens in; a run that looks words up is low
+in both. The words are random consonant-vowel syllables, not the tasks' names, and nothing about
+SQL, harnesses or SHOW TABLES is in them: the warm-up stands in for the pretraining a real policy
+has, and runs once as a copy base (`copy_base`) that SFT starts from.
 
 Replay (`sft.copy_replay_every`): SFT at its learning rate erased what the warm-up formed (copy
 rows cost 11.2 nats after 300 SFT steps, 0.56 before them) while the names were still not copied.
@@ -50,21 +53,38 @@ MIN_WORDS, MAX_WORDS = 2, 5  # words in a row's list: periods of about 6 to 20 t
 LIST_TOKENS = 12  # a gap row's list: 3 words of 3 syllables, 2 commas and the end of line
 
 
+MAX_LEAD = 48  # filler tokens before a repeat row's list: up to 48
+
+
 def copy_row(tokenizer, rng: np.random.Generator) -> tuple[list[int], int]:
-    """(`ROW_TOKENS` token ids, index where the list's first repeat starts): a list of 2-5 words of
-    2-3 syllables, no syllable twice in the row, written line after line until the row is full."""
+    """(`ROW_TOKENS` token ids, index where the list's first repeat starts): up to `MAX_LEAD` tokens
+    of two-syllable filler words, then a list of 2-5 words of 2-3 syllables, each word followed by
+    ", ", written again and again until the row is full; no syllable twice in the list, none of
+    the list's in the filler. With neither a line break nor a fixed start to count from, the only
+    way to the next token of a repeat is to find the current one earlier and copy what followed it:
+    a lookup. Rows of lines that opened the row (v6-v9) were learnt by position instead (docs/results.md)."""
+    syllable_ids, space, comma, _ = _syllable_ids(tokenizer)
+    order = rng.permutation(len(syllable_ids))
     sizes = rng.integers(2, 4, rng.integers(MIN_WORDS, MAX_WORDS + 1))
-    syllables = rng.choice(len(CV_SYLLABLES), int(sizes.sum()), replace=False)
-    cuts = np.cumsum(sizes)[:-1]
-    words = ["".join(CV_SYLLABLES[i] for i in part) for part in np.split(syllables, cuts)]
-    line = tokenizer.encode(", ".join(words) + "\n", add_special_tokens=False)
-    repeats = -(-ROW_TOKENS // len(line))
-    return (line * repeats)[:ROW_TOKENS], len(line)
+    unit = []
+    for word in np.split(syllable_ids[order[:int(sizes.sum())]], np.cumsum(sizes)[:-1]):
+        unit += [*word, comma]
+    lead = _filler(rng, syllable_ids[order[int(sizes.sum()):]], space, int(rng.integers(0, MAX_LEAD + 1)))
+    repeats = -(-(ROW_TOKENS - len(lead)) // len(unit))
+    return [int(t) for t in (lead + unit * repeats)[:ROW_TOKENS]], len(lead) + len(unit)
+
+
+def _filler(rng: np.random.Generator, syllable_ids, space: int, n: int) -> list[int]:
+    """`n` tokens of two-syllable words drawn from `syllable_ids`, each followed by a space."""
+    words = []
+    while len(words) < n:
+        words += [*rng.choice(syllable_ids, 2), space]
+    return words[:n]
 
 
 def copy_batch(tokenizer, rng: np.random.Generator, batch_size: int):
     """tokens_BxT, mask_BxT (1 from the second token of the first repeat on: its first token
-    follows the first end of line, which nothing before predicts)."""
+    follows the list's last comma, which nothing before predicts)."""
     tokens = np.zeros((batch_size, ROW_TOKENS), np.int32)
     mask = np.zeros((batch_size, ROW_TOKENS), np.float32)
     for b in range(batch_size):
@@ -100,14 +120,8 @@ def gap_row(tokenizer, rng: np.random.Generator, gap: int, lead: int = 0) -> tup
     line = [*syllable_ids[order[0:3]], comma, *syllable_ids[order[3:6]], comma, *syllable_ids[order[6:9]], newline]
     assert len(line) == LIST_TOKENS
 
-    def filler(n):
-        words = []
-        while len(words) < n:
-            words += [*rng.choice(syllable_ids[order[9:]], 2), space]
-        return words[:n]
-
-    between = filler(gap)  # drawn first: a row without lead is the row earlier versions drew
-    ids = filler(lead) + line + between + line
+    between = _filler(rng, syllable_ids[order[9:]], space, gap)  # drawn first, as before leads were
+    ids = _filler(rng, syllable_ids[order[9:]], space, lead) + line + between + line
     return ids, [0.0] * (lead + len(line) + gap + 1) + [1.0] * (len(line) - 1)
 
 
@@ -184,30 +198,45 @@ def replay_batch(tokenizer, seed: int, step: int, batch_size: int, far_tokens: i
     return copy_batch(tokenizer, rng, batch_size)
 
 
+def warmup_optimizer(learning_rate: float, total_steps: int):
+    """The warm-up's AdamW: clipped at global norm 1, no weight decay, a 20-step linear ramp."""
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+        optax.linear_schedule(0.0, learning_rate, min(20, total_steps)), weight_decay=0.0))
+
+
+def warmup_batch(tokenizer, seed: int, done: int, steps: int, batch_size: int, far_tokens: int):
+    """(kind, tokens_BxT, mask_BxT) of warm-up step `done` (from 1): repeat rows for the first
+    `steps`, then gap rows on every second step. Drawn from (seed, done) alone, in a stream apart
+    from replay's, so a resumed warm-up draws the rows the first attempt would have."""
+    rng = np.random.default_rng([seed, 1, done])
+    if done > steps and (done - steps) % 2 == 0:
+        return "gap", *gap_batch(tokenizer, rng, gap_rows_per_batch(batch_size), far_tokens)
+    return "repeat", *copy_batch(tokenizer, rng, batch_size)
+
+
 def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rate: float, seed: int,
-            far_steps: int = 0, far_tokens: int = 0, report_every: int = 50, on_report=None):
+            far_steps: int = 0, far_tokens: int = 0, report_every: int = 50, on_report=None,
+            start: int = 0, opt_state=None, on_step=None, table_every: int = 0, on_tables=None):
     """`params` after `steps` AdamW steps on repeated lists, then `far_steps` that alternate a step
     on repeated lists with one on `gap_batch`es of `gap_rows_per_batch` rows (gaps up to
-    `far_tokens`), one optimizer for all, discarded after. The
-    repeats form the copy heads within a few hundred steps; the gap rows then stretch them over
-    long gaps while the repeats keep the short copy (alone, long rows undid it: module docstring).
-    Returns (params, report): report["repeat"] (repeat rows, both phases) and report["gap"] (gap
-    rows) list (step, mean masked loss) every `report_every` steps and at the end, each also passed
-    to `on_report(kind, step, total, loss)` (the run's progress lines); report["gap_nats"] is
-    `gap_table` after the warm-up, report["gap_nats_lead"] the same with the first copy after
-    150 tokens of filler (a lookup, not "copy from the row's start")."""
+    `far_tokens`), one optimizer for all (`warmup_optimizer`). The repeats form the copy heads
+    within a few hundred steps; the gap rows then stretch them over long gaps while the repeats
+    keep the short copy (alone, long rows undid it: module docstring).
+
+    Resuming: `start` steps done, with their `opt_state`; `on_step(done, params, opt_state)` after
+    every step is where a caller checkpoints. Every `table_every` steps `on_tables(done, tables)`
+    gets `gap_tables` (the reach as it forms). Returns (params, report): report["repeat"] (repeat
+    rows, both phases) and report["gap"] (gap rows) list (step, mean masked loss) every
+    `report_every` steps and at the end, each also passed to `on_report(kind, step, total, loss)`
+    (the run's progress lines). What the warm-up reached: `gap_tables` of the params."""
     total = steps + far_steps
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-        optax.linear_schedule(0.0, learning_rate, min(20, total)), weight_decay=0.0))
+    tx = warmup_optimizer(learning_rate, total)
     step_fn = make_copy_step(cfg, tx)
-    rng = np.random.default_rng(seed)
-    opt_state = tx.init(params)
+    opt_state = tx.init(params) if opt_state is None else opt_state
     report = {"repeat": [], "gap": []}
     window = {"repeat": [], "gap": []}
-    for done in range(1, total + 1):
-        kind = "gap" if done > steps and (done - steps) % 2 == 0 else "repeat"
-        tokens, mask = (gap_batch(tokenizer, rng, gap_rows_per_batch(batch_size), far_tokens) if kind == "gap"
-                        else copy_batch(tokenizer, rng, batch_size))
+    for done in range(start + 1, total + 1):
+        kind, tokens, mask = warmup_batch(tokenizer, seed, done, steps, batch_size, far_tokens)
         params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(tokens), jnp.asarray(mask))
         window[kind].append(loss)
         if done % report_every == 0 or done == total:
@@ -217,6 +246,22 @@ def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rat
                     if on_report is not None:
                         on_report(name, done, total, report[name][-1][1])
             window = {"repeat": [], "gap": []}
-    report["gap_nats"] = gap_table(cfg, params, tokenizer)
-    report["gap_nats_lead"] = gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400), lead=150)
+        if table_every and done % table_every == 0 and done < total and on_tables is not None:
+            on_tables(done, gap_tables(cfg, params, tokenizer))
+        if on_step is not None:
+            on_step(done, params, opt_state)
     return params, report
+
+
+def gap_tables(cfg, params, tokenizer) -> dict[str, dict[int, float]]:
+    """{"gap_nats": `gap_table` with the first copy at the row's start (gaps 0-550),
+    "gap_nats_lead": the same 150 tokens in (gaps 0-400)}: a lookup is low in both."""
+    return {"gap_nats": gap_table(cfg, params, tokenizer),
+            "gap_nats_lead": gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400), lead=150)}
+
+
+def gap_lines(tables: dict) -> list[str]:
+    """`gap_tables` (or a report holding them) as two console lines."""
+    return ["copy across a gap of " + ", ".join(f"{gap} tokens: {nats:.2f} nats" for gap, nats in tables["gap_nats"].items()),
+            "the same, first copy after 150 tokens: " + ", ".join(
+                f"{gap}: {nats:.2f}" for gap, nats in tables["gap_nats_lead"].items())]

@@ -9,8 +9,9 @@ One linear `main`, in banner sections:
             (`hsjax.rollout.streams.render_segments`: reply ids + end-of-turn have loss mask 1);
   model     the preset (with the config's overrides) from random weights, the tiny tokenizer
             `model.tokenizer` names; with `sft.copy_warmup_steps`, first trained to repeat lists of
-            random syllable words (`copy_warmup`), and with `sft.copy_replay_every` such rows
-            replayed during SFT;
+            random syllable words (`copy_warmup`); or, with `sft.init_from`, a copy base that had
+            that warm-up already (`copy_base`); with `sft.copy_replay_every` such rows replayed
+            during SFT;
   update    masked next-token cross-entropy around the shared instruction prefix, AdamW, one jitted
             step (`hsjax.rl.sft`);
   loop      `metrics.jsonl` rows with `step`, `loss/sft`, `lr`, `tokens/per_s`; an orbax checkpoint
@@ -40,7 +41,7 @@ from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import console
 from hsjax.infra.errors import UserError
 from hsjax.infra import metrics as metrics_lib
-from hsjax.models import get_preset, init_params, save_pretrained
+from hsjax.models import get_preset, init_params, load_pretrained, save_pretrained
 from hsjax.models.tokenizer import IM_END, tiny_tokenizer
 from hsjax.rl import optim
 from hsjax.rl.sft import BucketedBatches, make_train_step, pack
@@ -178,10 +179,29 @@ def format_family_table(summary: dict, types) -> str:
     return "\n".join(lines)
 
 
-def build_model(config, tokenizer):
+def random_model(config, tokenizer):
+    """(cfg, params): the preset with the config's overrides, random weights from the seed."""
     overrides = {k: int(v) for k, v in config.model.overrides.items() if v}
     cfg = get_preset(config.model.preset, vocab_size=len(tokenizer), **overrides)
     return cfg, init_params(cfg, jax.random.PRNGKey(config.seed))
+
+
+def build_model(config, tokenizer):
+    """(cfg, params): `random_model`, or the model directory `sft.init_from` (a copy base,
+    `hsjax.studies.testbed.copy_base`), whose tokenizer must be `model.tokenizer`'s: the SFT
+    streams are rendered with that one."""
+    init_from = config.sft.init_from
+    if not init_from:
+        return random_model(config, tokenizer)
+    try:
+        cfg, params, own = load_pretrained(init_from)
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"sft.init_from={init_from!r}: not a model directory hsjax can load ({e}); give "
+                        "the hf directory a copy_base or SFT run wrote (W/hf)") from e
+    if own.get_vocab() != tokenizer.get_vocab():
+        raise UserError(f"sft.init_from={init_from!r} holds a tokenizer other than "
+                        f"model.tokenizer={config.model.tokenizer!r}: start from a model of that tokenizer")
+    return cfg, params
 
 
 def eval_harnesses(value, pool) -> list:
@@ -192,6 +212,14 @@ def eval_harnesses(value, pool) -> list:
 def unread(config) -> dict[str, str]:
     """{key: why} for keys this config holds that the run never reads (run.py rejects overriding them)."""
     unread = {}
+    if config.sft.init_from:
+        for key in ("model.overrides", "model.preset"):
+            unread[key] = "sft.init_from is set: the model's shape is the directory's"
+        for key in ("sft.copy_warmup_steps", "sft.copy_far_steps", "sft.copy_warmup_lr"):
+            unread[key] = "sft.init_from is set: its copy base had the warm-up (:copy_base runs it)"
+        if not config.sft.copy_replay_every:
+            unread["sft.copy_far_tokens"] = "sft.copy_replay_every=0: no copy rows replayed"
+        return unread
     if not config.sft.copy_warmup_steps and not config.sft.copy_far_steps:
         unread["sft.copy_warmup_lr"] = "sft.copy_warmup_steps=0 and sft.copy_far_steps=0: no copy warm-up"
     if not config.sft.copy_far_steps:
@@ -228,7 +256,8 @@ def main(config, workdir: str) -> dict:
     # A copy replay step is an update of the same optimizer: the schedule spans both kinds, and
     # before SFT step k the optimizer has made k + k // replay_every updates.
     replay_every = config.sft.copy_replay_every
-    far_tokens = config.sft.copy_far_tokens if config.sft.copy_far_steps else 0
+    # Replay draws gap rows when the warm-up had them, here or in the copy base SFT starts from.
+    far_tokens = config.sft.copy_far_tokens if config.sft.init_from or config.sft.copy_far_steps else 0
     replays_before = (lambda k: k // replay_every) if replay_every else (lambda k: 0)
     optimizer = optim.make_optimizer(dict(config.optim), total_steps=config.sft.steps + replays_before(config.sft.steps))
     opt_state = optimizer.tx.init(params)
@@ -251,23 +280,23 @@ def main(config, workdir: str) -> dict:
         start_step, params, opt_state = restored.step, restored.state["params"], restored.state["opt_state"]
         batches.skip(start_step)
         console.say(f"resumed from step {start_step}")
-    elif config.sft.copy_warmup_steps or config.sft.copy_far_steps:
-        # A fresh run only: a resumed one restored params that went through it.
+    elif not config.sft.init_from and (config.sft.copy_warmup_steps or config.sft.copy_far_steps):
+        # A fresh run from random weights only: a resumed one restored params that went through
+        # it, a copy base (`sft.init_from`) had it.
         params, report = copy_warmup.warm_up(
             cfg, params, tokenizer, steps=config.sft.copy_warmup_steps, batch_size=config.sft.batch_size,
             learning_rate=config.sft.copy_warmup_lr, seed=config.seed,
             far_steps=config.sft.copy_far_steps, far_tokens=far_tokens, report_every=config.log.every,
             on_report=lambda kind, step, total, loss: console.say(
                 f"copy warm-up {step}/{total} | {kind} rows | loss {loss:.3g}"))
+        report.update(copy_warmup.gap_tables(cfg, params, tokenizer))
         metrics_lib.write_json(os.path.join(workdir, "copy_warmup.json"), report)
         for kind in ("repeat", "gap"):
             if report[kind]:
                 console.say(f"copy warm-up, {kind} rows: loss {report[kind][0][1]:.3g} (step "
                             f"{report[kind][0][0]}) -> {report[kind][-1][1]:.3g} (step {report[kind][-1][0]})")
-        console.say("copy across a gap of " + ", ".join(f"{gap} tokens: {nats:.2f} nats"
-                                                        for gap, nats in report["gap_nats"].items()))
-        console.say("the same, first copy after 150 tokens: " + ", ".join(
-            f"{gap}: {nats:.2f}" for gap, nats in report["gap_nats_lead"].items()))
+        for line in copy_warmup.gap_lines(report):
+            console.say(line)
     writer.truncate_after(start_step)
 
     # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,100 @@
+"""The copy base (`config.mode = 'copy_base'`): the copy warm-up alone, saved as the model directory
+the names regime's SFT starts from (`sft.init_from`).
+
+    python run.py --config experiments/testbed.py:copy_base,names --workdir W
+
+A real policy comes to RL pretrained; the testbed's tiny one starts from random weights, and the
+copy warm-up (`copy_warmup`) stands in for the part of pretraining the names regime needs: copying
+a word from anywhere in the context. It knows nothing of SQL, harnesses or the tasks, takes about
+an hour on two CPU cores, and is the same for every SFT mix, so it runs once, apart from SFT, and a
+passing one ships (`assets/`); every SFT of the regime starts from it instead of repeating it.
+
+  model     the preset (with the config's overrides) from random weights, `model.tokenizer`;
+  loop      `sft.copy_warmup_steps` + `sft.copy_far_steps` steps of `copy_warmup.warm_up`;
+            `metrics.jsonl` rows of the two row kinds' losses; an orbax checkpoint of params and
+            optimizer state every `sft.save_every` steps: the same command resumes exactly (each
+            step's rows are drawn from the seed and the step alone);
+  save      `W/hf` (`save_pretrained`; `sft.init_from=W/hf` starts an SFT from it) and
+            `W/copy_warmup.json`: the losses and the two gap tables, first copy at the row's start
+            and 150 tokens in. Both low at every gap means the policy looks words up.
+"""
+from __future__ import annotations
+
+import os
+
+from hsjax.infra import checkpoint as ckpt_lib
+from hsjax.infra import console
+from hsjax.infra import metrics as metrics_lib
+from hsjax.infra.errors import UserError
+from hsjax.models import save_pretrained
+from hsjax.models.tokenizer import tiny_tokenizer
+from hsjax.studies.testbed import copy_warmup
+from hsjax.studies.testbed.warmstart import random_model
+
+
+TABLE_EVERY = 100  # steps between the gap tables a run prints: a few seconds each on two CPU cores
+
+
+def unread(config) -> dict[str, str]:
+    """{key: why} for the blocks and keys of the testbed config the warm-up never reads."""
+    why = "copy_base runs the copy warm-up only"
+    keys = ["benchmark", "pool", "data", "regime", "optim", "eval", "sft.init_from", "sft.num_tasks", "sft.steps",
+            "sft.max_len", "sft.env_workers", "sft.copy_replay_every"]
+    out = {key: why for key in keys if key in config or key.split(".")[0] in config}
+    if not config.sft.copy_far_steps:
+        out["sft.copy_far_tokens"] = "sft.copy_far_steps=0: no gap copy rows"
+    return out
+
+
+def main(config, workdir: str) -> dict:
+    sft = config.sft
+    total = sft.copy_warmup_steps + sft.copy_far_steps
+    if total <= 0:
+        raise UserError("copy_base runs the copy warm-up: set sft.copy_warmup_steps or sft.copy_far_steps")
+    tokenizer = tiny_tokenizer(config.model.tokenizer)
+    cfg, params = random_model(config, tokenizer)
+    opt_state = copy_warmup.warmup_optimizer(sft.copy_warmup_lr, total).init(params)
+
+    checkpointer = ckpt_lib.Checkpointer(workdir, keep=1)
+    writer = metrics_lib.MetricWriter(workdir, tensorboard=config.log.tensorboard)
+    start = 0
+    restored = checkpointer.restore_latest({"params": params, "opt_state": opt_state})
+    if restored is not None:
+        start, params, opt_state = restored.step, restored.state["params"], restored.state["opt_state"]
+        console.say(f"resumed from step {start}")
+    writer.truncate_after(start)
+
+    pending = {}  # a step's report lines, one per row kind, become one metrics row
+
+    def on_report(kind, step, steps, loss):
+        pending[f"loss/copy_{kind}"] = loss
+        console.say(f"copy warm-up {step}/{steps} | {kind} rows | loss {loss:.3g}")
+
+    def on_tables(done, tables):
+        pending.update({f"copy/{name}/{gap}": nats for name, table in tables.items() for gap, nats in table.items()})
+        for line in copy_warmup.gap_lines(tables):
+            console.say(f"step {done}: {line}")
+
+    def on_step(done, p, o):
+        if pending:
+            writer.write(done, pending)
+            pending.clear()
+        if done % sft.save_every == 0 or done == total:
+            checkpointer.save(done, {"params": p, "opt_state": o})
+
+    params, report = copy_warmup.warm_up(
+        cfg, params, tokenizer, steps=sft.copy_warmup_steps, batch_size=sft.batch_size,
+        learning_rate=sft.copy_warmup_lr, seed=config.seed, far_steps=sft.copy_far_steps,
+        far_tokens=sft.copy_far_tokens if sft.copy_far_steps else 0, report_every=config.log.every,
+        on_report=on_report, start=start, opt_state=opt_state, on_step=on_step, table_every=TABLE_EVERY,
+        on_tables=on_tables)
+    report.update(copy_warmup.gap_tables(cfg, params, tokenizer))
+    checkpointer.close()
+    writer.close()
+    hf_dir = os.path.join(workdir, "hf")
+    save_pretrained(params, cfg, tokenizer, hf_dir)
+    metrics_lib.write_json(os.path.join(workdir, "copy_warmup.json"), report)
+    for line in copy_warmup.gap_lines(report):
+        console.say(line)
+    console.say(f"wrote {hf_dir} (SFT from it: --config.sft.init_from={hf_dir})")
+    return report
