@@ -142,6 +142,9 @@ def _format_slip(c: ml_collections.ConfigDict) -> None:
 
 
 NAMES_POOL = "harness_envs/pools/testbed_names.json"
+# The names regime's copy base: the copy warm-up alone (docs/testbed.md, "Copy base"), made by
+#     python run.py --config experiments/testbed.py:copy_base,names --workdir W   (then W/hf)
+COPY_BASE = "assets/testbed_copy_base"
 NAMES_HARNESSES = ("base", "tables_first", "schema_reminder")
 
 
@@ -173,16 +176,15 @@ def _names(c: ml_collections.ConfigDict) -> None:
     c.sft.steps = 3000
     c.sft.batch_size = 32
     c.sft.max_len = 640  # a few hidden-name episodes with a long table exceed 512
-    # Two runs without it never learnt to copy a name (docs/results.md); on the warm-up's rows the
-    # tiny preset forms its induction heads in about 400-500 steps.
-    c.sft.copy_warmup_steps = 400
-    # Those heads copy from a few tokens back only (a list 40 tokens on costs 7.7 nats), a name
-    # stands up to ~560 tokens before the SQL that copies it (prefix 209 + a reply of up to 352).
-    # Alternating repeat rows with gap rows stretches them: in a check from random weights the gap
-    # table at 0-550 went 2.3-7.6 -> 1.4-1.7 nats in 500 alternating steps, still falling; v8's
-    # scattered rows taught a bag of names instead. v9 (1,200 such steps) copied at 0.4-1.2 nats
-    # but only from the row's start; gap rows now draw a lead before the first copy (docs/results.md).
-    c.sft.copy_far_steps = 1200
+    # Two runs without a copy warm-up never learnt to copy a name (docs/results.md). The warm-up
+    # (`:copy_base,names`, these settings) runs once and ships as COPY_BASE, which SFT starts from:
+    # on repeat rows with a lead and no line breaks the lookup formed at steps 1,200-1,600 (loss
+    # 1.39 -> 0.045; v6-v9's line rows were learnt by position instead), and 100 steps alternating
+    # them with gap rows (a name stands up to ~560 tokens before the SQL that copies it: prefix 209
+    # + a reply of up to 352) brought the copy 0-550 tokens back under 1 nat (v10, docs/results.md).
+    c.sft.init_from = COPY_BASE
+    c.sft.copy_warmup_steps = 1900
+    c.sft.copy_far_steps = 300
     c.sft.copy_far_tokens = 560
     # SFT at 3e-3 erased the warm-up's copy in 300 steps (docs/results.md): replay it, and train
     # at the warm-up's rate.

@@ -8,7 +8,7 @@ from ml_collections import ConfigDict
 
 from hsjax.infra import distributed, experiments
 from hsjax.modes import evaluate, evolve, rank1, train
-from hsjax.studies.testbed import copy_base, warmstart
+from hsjax.studies.testbed import warmstart
 
 _SERIALIZERS = ("to_dict", "to_json", "to_json_best_effort", "__repr__", "__str__", "__eq__")
 
@@ -112,9 +112,3 @@ def test_the_sft_warm_start_reads_its_config(tmp_path):
     unread = never_read(config, lambda: warmstart.main(config, str(tmp_path)))
     assert unread == {"sft.copy_warmup_lr", "sft.copy_far_tokens"} and covered(unread, warmstart.unread(config)) == set()
 
-
-def test_the_copy_base_reads_its_config(tmp_path):
-    config = experiments.get_config("testbed", "copy_base,names,smoke")
-    unread = never_read(config, lambda: copy_base.main(config, str(tmp_path)))
-    assert covered(unread, copy_base.unread(config)) == set()
-    assert "sft.copy_far_tokens" not in unread and "sft.copy_warmup_lr" not in unread

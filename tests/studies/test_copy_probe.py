@@ -24,7 +24,7 @@ def test_probe_scores_every_policy_token_of_the_expert_streams():
     with config.unlocked():
         config.data.train_split = "distinct_train"
     tokenizer = tiny_tokenizer(config.model.tokenizer)
-    cfg, params = warmstart.build_model(config, tokenizer)
+    cfg, params = warmstart.random_model(config, tokenizer)  # not the copy base: uniform is the reference
     bench = builders.make_benchmark(config)
     tasks = builders.load_split(bench, "distinct_train", seed=5, limit=6)
     result = copy_probe.probe(config, params, cfg, tokenizer, tasks, length=768)

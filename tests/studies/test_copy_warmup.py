@@ -1,14 +1,15 @@
-"""The copy warm-up before SFT: rows that repeat random syllable words, and a few steps on them."""
+"""The copy warm-up: rows that repeat random syllable words, a few steps on them, and the copy base run."""
 import json
 
 import jax
-import pytest
 import numpy as np
+import pytest
 
 from hsjax.models.presets import get_preset
 from hsjax.models.model import init_params
 from hsjax.models.tokenizer import CV_SYLLABLES, tiny_tokenizer
 from hsjax.studies.testbed import copy_warmup
+from tests.modes.test_config_reads import covered, never_read
 
 
 def test_a_row_repeats_its_list_after_a_lead_and_the_mask_covers_the_repeats():
@@ -127,22 +128,6 @@ def test_gap_table_in_one_padded_forward_equals_a_forward_per_gap():
         np.testing.assert_allclose(table[gap], -(np.asarray(logp) * mask).sum() / mask.sum(), rtol=1e-5)
 
 
-def test_a_resumed_warm_up_ends_where_an_uninterrupted_one_does():
-    tok = tiny_tokenizer("tiny_words")
-    cfg = get_preset("tiny", vocab_size=len(tok))
-    params = init_params(cfg, jax.random.key(0))
-    kwargs = dict(steps=3, batch_size=4, learning_rate=1e-3, seed=0, far_steps=4, far_tokens=48, report_every=2)
-    whole, _ = copy_warmup.warm_up(cfg, params, tok, **kwargs)
-    saved = {}
-    copy_warmup.warm_up(cfg, params, tok, **kwargs,
-                        on_step=lambda done, p, o: saved.setdefault(done, (p, o)))
-    p4, o4 = saved[4]  # killed after step 4, a repeat step; a gap step follows
-    resumed, report = copy_warmup.warm_up(cfg, p4, tok, **kwargs, start=4, opt_state=o4)
-    assert [s for s, _ in report["repeat"]] == [6] and [s for s, _ in report["gap"]] == [6, 7]
-    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
 def test_warm_up_steps_draw_their_rows_from_the_seed_and_step_alone():
     tok = tiny_tokenizer("tiny_words")
     a = copy_warmup.warmup_batch(tok, 0, 6, 3, 4, 48)  # 3 repeat steps, then gap rows on steps 5, 7, ...
@@ -159,7 +144,10 @@ def test_a_killed_copy_base_resumes_to_the_weights_of_an_uninterrupted_run(tmp_p
 
     config = experiments.get_config("testbed", "copy_base,names,smoke")  # 2 repeat + 2 alternating steps
     config.sft.save_every = 2
-    copy_base.main(config, str(tmp_path / "whole"))
+    # Every key of the config is read, or named by copy_base.unread (run.py rejects overriding those).
+    unread = never_read(config, lambda: copy_base.main(config, str(tmp_path / "whole")))
+    assert covered(unread, copy_base.unread(config)) == set()
+    assert "sft.copy_far_tokens" not in unread and "sft.copy_warmup_lr" not in unread
 
     class Killed(Exception):
         pass
