@@ -40,7 +40,7 @@ def unread(config) -> dict[str, str]:
     why = "copy_base runs the copy warm-up only"
     keys = ["benchmark", "pool", "data", "regime", "optim", "eval", "sft.init_from", "sft.num_tasks", "sft.steps",
             "sft.max_len", "sft.env_workers", "sft.copy_replay_every"]
-    out = {key: why for key in keys if key in config or key.split(".")[0] in config}
+    out = {key: why for key in keys if key.split(".")[0] in config}
     if not config.sft.copy_far_steps:
         out["sft.copy_far_tokens"] = "sft.copy_far_steps=0: no gap copy rows"
     return out

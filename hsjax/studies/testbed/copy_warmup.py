@@ -51,9 +51,8 @@ from hsjax.rl import losses
 ROW_TOKENS = 128  # every row filled to this many tokens
 MIN_WORDS, MAX_WORDS = 2, 5  # words in a row's list: periods of about 6 to 20 tokens
 LIST_TOKENS = 12  # a gap row's list: 3 words of 3 syllables, 2 commas and the end of line
-
-
 MAX_LEAD = 48  # filler tokens before a repeat row's list: up to 48
+TABLE_LEAD = 150  # filler before the first copy in the second gap table: a lookup, not the row's start
 
 
 def copy_row(tokenizer, rng: np.random.Generator) -> tuple[list[int], int]:
@@ -255,13 +254,13 @@ def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rat
 
 def gap_tables(cfg, params, tokenizer) -> dict[str, dict[int, float]]:
     """{"gap_nats": `gap_table` with the first copy at the row's start (gaps 0-550),
-    "gap_nats_lead": the same 150 tokens in (gaps 0-400)}: a lookup is low in both."""
+    "gap_nats_lead": the same `TABLE_LEAD` tokens in (gaps 0-400)}: a lookup is low in both."""
     return {"gap_nats": gap_table(cfg, params, tokenizer),
-            "gap_nats_lead": gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400), lead=150)}
+            "gap_nats_lead": gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400), lead=TABLE_LEAD)}
 
 
 def gap_lines(tables: dict) -> list[str]:
     """`gap_tables` (or a report holding them) as two console lines."""
     return ["copy across a gap of " + ", ".join(f"{gap} tokens: {nats:.2f} nats" for gap, nats in tables["gap_nats"].items()),
-            "the same, first copy after 150 tokens: " + ", ".join(
+            f"the same, first copy after {TABLE_LEAD} tokens: " + ", ".join(
                 f"{gap}: {nats:.2f}" for gap, nats in tables["gap_nats_lead"].items())]
