@@ -110,4 +110,5 @@ def test_the_sft_warm_start_reads_its_config(tmp_path):
     config = experiments.get_config("testbed", "sft,smoke")
     config.sft.steps = 2
     unread = never_read(config, lambda: warmstart.main(config, str(tmp_path)))
-    assert unread == {"sft.copy_warmup_lr", "sft.copy_far_tokens"} and covered(unread, warmstart.unread(config)) == set()
+    assert unread == {"sft.copy_warmup_lr", "sft.copy_far_tokens", "sft.copy_style", "sft.copy_base_from"}
+    assert covered(unread, warmstart.unread(config)) == set()

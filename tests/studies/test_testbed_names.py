@@ -85,7 +85,8 @@ def test_names_sft_reads_its_config(tmp_path):
     config = experiments.get_config("testbed", "sft,names,smoke")
     config.sft.steps = 2
     config.sft.init_from = ""  # from random weights, through the copy warm-up
-    assert never_read(config, lambda: warmstart.main(config, str(tmp_path))) == set()
+    # copy_base_from: the copy_base mode's key (which copy base a warm-up continues)
+    assert never_read(config, lambda: warmstart.main(config, str(tmp_path))) == {"sft.copy_base_from"}
     out = json.loads((tmp_path / "eval" / "sft.json").read_text())
     assert set(out["regime"]) <= {"base/protocol", "tables_first/protocol", "base/guess_table",
                                   "base/show_tables", "tables_first/show_tables", "tables_first/guess_table",
@@ -205,3 +206,6 @@ def test_sft_starts_from_the_copy_base_it_is_given(tmp_path):
     config.sft.init_from = str(tmp_path / "missing")
     with pytest.raises(UserError, match="not a model directory"):
         warmstart.build_model(config, tok)
+    config.sft.copy_base_from = str(tmp_path / "missing")  # the copy_base mode's start, same checks
+    with pytest.raises(UserError, match="sft.copy_base_from=.*not a model directory"):
+        warmstart.build_model(config, tok, key="copy_base_from")

@@ -9,14 +9,17 @@ a word from anywhere in the context. It knows nothing of SQL, harnesses or the t
 an hour on two CPU cores, and is the same for every SFT mix, so it runs once, apart from SFT, and a
 passing one ships (`assets/`); every SFT of the regime starts from it instead of repeating it.
 
-  model     the preset (with the config's overrides) from random weights, `model.tokenizer`;
-  loop      `sft.copy_warmup_steps` + `sft.copy_far_steps` steps of `copy_warmup.warm_up`;
+  model     the preset (with the config's overrides) from random weights, `model.tokenizer`; or
+            the model directory `sft.copy_base_from` (an earlier copy base the warm-up continues);
+  loop      `sft.copy_warmup_steps` + `sft.copy_far_steps` steps of `copy_warmup.warm_up` on
+            rows of `sft.copy_style`;
             `metrics.jsonl` rows of the two row kinds' losses; an orbax checkpoint of params and
             optimizer state every `sft.save_every` steps: the same command resumes exactly (each
             step's rows are drawn from the seed and the step alone);
   save      `W/hf` (`save_pretrained`; `sft.init_from=W/hf` starts an SFT from it) and
-            `W/copy_warmup.json`: the losses and the two gap tables, first copy at the row's start
-            and 150 tokens in. Both low at every gap means the policy looks words up.
+            `W/copy_warmup.json`: the losses and the three tables (`copy_warmup.gap_tables`): first
+            copy at the row's start and 150 tokens in, and among held-out prose. All low means the
+            policy looks words up wherever they stand.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from hsjax.infra.errors import UserError
 from hsjax.models import save_pretrained
 from hsjax.models.tokenizer import tiny_tokenizer
 from hsjax.studies.testbed import copy_warmup
-from hsjax.studies.testbed.warmstart import random_model
+from hsjax.studies.testbed.warmstart import build_model
 
 
 TABLE_EVERY = 100  # steps between the gap tables a run prints: a few seconds each on two CPU cores
@@ -41,6 +44,9 @@ def unread(config) -> dict[str, str]:
     keys = ["benchmark", "pool", "data", "regime", "optim", "eval", "sft.init_from", "sft.num_tasks", "sft.steps",
             "sft.max_len", "sft.env_workers", "sft.copy_replay_every"]
     out = {key: why for key in keys if key.split(".")[0] in config}
+    if config.sft.copy_base_from:
+        out.update({key: "sft.copy_base_from is set: the model's shape is the directory's"
+                    for key in ("model.overrides", "model.preset")})
     if not config.sft.copy_far_steps:
         out["sft.copy_far_tokens"] = "sft.copy_far_steps=0: no gap copy rows"
     return out
@@ -52,7 +58,9 @@ def main(config, workdir: str) -> dict:
     if total <= 0:
         raise UserError("copy_base runs the copy warm-up: set sft.copy_warmup_steps or sft.copy_far_steps")
     tokenizer = tiny_tokenizer(config.model.tokenizer)
-    cfg, params = random_model(config, tokenizer)
+    # From a model directory, the warm-up continues an earlier copy base (v11 continued v10 on
+    # context rows: docs/results.md); else from random weights.
+    cfg, params = build_model(config, tokenizer, key="copy_base_from")
     opt_state = copy_warmup.warmup_optimizer(sft.copy_warmup_lr, total).init(params)
 
     checkpointer = ckpt_lib.Checkpointer(workdir, keep=1)
@@ -87,7 +95,7 @@ def main(config, workdir: str) -> dict:
         learning_rate=sft.copy_warmup_lr, seed=config.seed, far_steps=sft.copy_far_steps,
         far_tokens=sft.copy_far_tokens if sft.copy_far_steps else 0, report_every=config.log.every,
         on_report=on_report, start=start, opt_state=opt_state, on_step=on_step, table_every=TABLE_EVERY,
-        on_tables=on_tables)
+        on_tables=on_tables, style=sft.copy_style)
     report.update(copy_warmup.gap_tables(cfg, params, tokenizer))
     checkpointer.close()
     writer.close()

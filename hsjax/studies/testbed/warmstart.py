@@ -186,20 +186,20 @@ def random_model(config, tokenizer):
     return cfg, init_params(cfg, jax.random.PRNGKey(config.seed))
 
 
-def build_model(config, tokenizer):
-    """(cfg, params): `random_model`, or the model directory `sft.init_from` (a copy base,
-    `hsjax.studies.testbed.copy_base`), whose tokenizer must be `model.tokenizer`'s: the SFT
-    streams are rendered with that one."""
-    init_from = config.sft.init_from
+def build_model(config, tokenizer, key: str = "init_from"):
+    """(cfg, params): `random_model`, or the model directory `sft.<key>` (`sft.init_from`: a copy
+    base, `hsjax.studies.testbed.copy_base`, SFT starts from; `sft.copy_base_from`: one a copy base
+    continues), whose tokenizer must be `model.tokenizer`'s: rows and streams are rendered with it."""
+    init_from = config.sft[key]
     if not init_from:
         return random_model(config, tokenizer)
     try:
         cfg, params, own = load_pretrained(init_from)
     except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"sft.init_from={init_from!r}: not a model directory hsjax can load ({e}); give "
+        raise UserError(f"sft.{key}={init_from!r}: not a model directory hsjax can load ({e}); give "
                         "the hf directory a copy_base or SFT run wrote (W/hf)") from e
     if own.get_vocab() != tokenizer.get_vocab():
-        raise UserError(f"sft.init_from={init_from!r} holds a tokenizer other than "
+        raise UserError(f"sft.{key}={init_from!r} holds a tokenizer other than "
                         f"model.tokenizer={config.model.tokenizer!r}: start from a model of that tokenizer")
     return cfg, params
 
@@ -211,7 +211,7 @@ def eval_harnesses(value, pool) -> list:
 
 def unread(config) -> dict[str, str]:
     """{key: why} for keys this config holds that the run never reads (run.py rejects overriding them)."""
-    unread = {}
+    unread = {"sft.copy_base_from": "read by the copy_base mode only"}
     if config.sft.init_from:
         for key in ("model.overrides", "model.preset"):
             unread[key] = "sft.init_from is set: the model's shape is the directory's"
@@ -219,9 +219,12 @@ def unread(config) -> dict[str, str]:
             unread[key] = "sft.init_from is set: its copy base had the warm-up (:copy_base runs it)"
         if not config.sft.copy_replay_every:
             unread["sft.copy_far_tokens"] = "sft.copy_replay_every=0: no copy rows replayed"
+            unread["sft.copy_style"] = "sft.copy_replay_every=0: no copy rows replayed"
         return unread
     if not config.sft.copy_warmup_steps and not config.sft.copy_far_steps:
         unread["sft.copy_warmup_lr"] = "sft.copy_warmup_steps=0 and sft.copy_far_steps=0: no copy warm-up"
+        if not config.sft.copy_replay_every:
+            unread["sft.copy_style"] = "no copy warm-up and sft.copy_replay_every=0: no copy rows"
     if not config.sft.copy_far_steps:
         unread["sft.copy_far_tokens"] = "sft.copy_far_steps=0: no gap copy rows"
     return unread
@@ -287,6 +290,7 @@ def main(config, workdir: str) -> dict:
             cfg, params, tokenizer, steps=config.sft.copy_warmup_steps, batch_size=config.sft.batch_size,
             learning_rate=config.sft.copy_warmup_lr, seed=config.seed,
             far_steps=config.sft.copy_far_steps, far_tokens=far_tokens, report_every=config.log.every,
+            style=config.sft.copy_style,
             on_report=lambda kind, step, total, loss: console.say(
                 f"copy warm-up {step}/{total} | {kind} rows | loss {loss:.3g}"))
         report.update(copy_warmup.gap_tables(cfg, params, tokenizer))
@@ -310,7 +314,7 @@ def main(config, workdir: str) -> dict:
                                        jnp.asarray(length))
         if replay_every and (step + 1) % replay_every == 0:
             copy_tokens, copy_mask = copy_warmup.replay_batch(tokenizer, config.seed, step, config.sft.batch_size,
-                                                                 far_tokens)
+                                                                 far_tokens, config.sft.copy_style)
             params, opt_state, m["loss/copy_replay"] = copy_step(params, opt_state, jnp.asarray(copy_tokens),
                                                                  jnp.asarray(copy_mask))
         tokens_since += len(data.prefix_P) + int(length.sum())
