@@ -23,7 +23,7 @@ TYPES = (
     "aggregation-SUM", "aggregation-MIN", "aggregation-MAX", "aggregation-AVG",
     "INSERT", "UPDATE",
 )
-PHRASINGS = ("train", "heldout", "names_train", "names_heldout")
+PHRASINGS = ("train", "heldout", "names_train", "names_heldout", "names_train_varied")
 
 # {type: {phrasing set: templates}}. Ranking templates carry their sort order after a "|".
 TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
@@ -69,8 +69,29 @@ NAMES_TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
     "aggregation-MAX": {"names_train": ("What is the maximum {num} for {cat} {v}?",),
                         "names_heldout": ("Tell me the maximum {num} for {cat} {v}.",)},
 }
+# Three training wordings a family (the split varied_train), each value followed by another mark
+# ("?", ".", ","): with one wording a family, a policy that copied held-out names at 85% under the
+# training wording succeeded on 2% of the same tasks worded "Tell me ... ." -- it had learnt to copy
+# a value up to the "?" that ends every training question (docs/results.md, v11). None is a
+# held-out wording, and the words that set the operator are the same.
+NAMES_VARIED = {
+    "other": ("What is the {col} of {k}?", "Give the {col} of {k}.", "For {k}, what is the {col}?"),
+    "counting": ("How many rows have {cat} {v}?", "Count the rows that have {cat} {v}.",
+                 "For {cat} {v}, how many rows are there?"),
+    "ranking": ("Which {key} has the highest {num}?|DESC", "Which {key} has the lowest {num}?|ASC",
+                "Find the {key} with the highest {num}.|DESC", "Find the {key} with the lowest {num}.|ASC",
+                "Of all rows, which {key} has the highest {num}?|DESC",
+                "Of all rows, which {key} has the lowest {num}?|ASC"),
+    "aggregation-SUM": ("What is the total {num} for {cat} {v}?", "Give the total {num} for {cat} {v}.",
+                        "For {cat} {v}, what is the total {num}?"),
+    "aggregation-MIN": ("What is the minimum {num} for {cat} {v}?", "Give the minimum {num} for {cat} {v}.",
+                        "For {cat} {v}, what is the minimum {num}?"),
+    "aggregation-MAX": ("What is the maximum {num} for {cat} {v}?", "Give the maximum {num} for {cat} {v}.",
+                        "For {cat} {v}, what is the maximum {num}?"),
+}
 for _type, _sets in NAMES_TEMPLATES.items():
     TEMPLATES[_type].update(_sets)
+    TEMPLATES[_type]["names_train_varied"] = NAMES_VARIED[_type]
 
 MAX_COMPARISON_MATCHES = 3
 
