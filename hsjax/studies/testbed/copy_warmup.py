@@ -235,16 +235,21 @@ def gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400, 550), rows: int = 1
     """{gap: mean nats on a 3-word list's second copy after its first token}, `lead` tokens of
     filler, the list, `gap` tokens of filler words from other syllables, the list again: how far
     back the policy's heads copy from (a copying policy stays well under 1 nat at every gap, and
-    at every lead: a lookup does not care where the first copy stands). All rows go through one
-    forward, padded at the end (causal attention: the padding changes nothing)."""
+    at every lead: a lookup does not care where the first copy stands)."""
     rng = np.random.default_rng(seed)
     drawn = [gap_row(tokenizer, rng, gap, lead) for gap in gaps for _ in range(rows)]
+    return _mean_nats(cfg, params, drawn, gaps, rows)
+
+
+def _mean_nats(cfg, params, drawn, keys, rows: int) -> dict[int, float]:
+    """{key: mean masked nats of its `rows` consecutive (ids, mask) rows of `drawn`}, all rows in
+    one forward, padded at the end (causal attention: the padding changes nothing)."""
     tokens, mask = _padded(drawn, max(len(ids) for ids, _ in drawn))
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     logits, _ = forward(cfg, params, jnp.asarray(tokens), positions)
     nats = -np.asarray(losses.token_logp(logits, jnp.asarray(tokens))[0]) * mask
-    return {gap: float(nats[k * rows:(k + 1) * rows].sum() / mask[k * rows:(k + 1) * rows].sum())
-            for k, gap in enumerate(gaps)}
+    return {key: float(nats[k * rows:(k + 1) * rows].sum() / mask[k * rows:(k + 1) * rows].sum())
+            for k, key in enumerate(keys)}
 
 
 def make_copy_step(cfg, tx):
@@ -356,12 +361,7 @@ def context_table(cfg, params, tokenizer, leads=CONTEXT_LEADS, rows: int = 16, s
             at = int(rng.integers(0, len(text) - lead + 1))
             ids = _repeated([int(t) for t in text[at:at + lead]], unit, lead + ROW_TOKENS - MAX_LEAD)
             drawn.append((ids, [0.0] * (lead + len(unit) + 1) + [1.0] * (len(ids) - lead - len(unit) - 1)))
-    tokens, mask = _padded(drawn, max(len(ids) for ids, _ in drawn))
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    logits, _ = forward(cfg, params, jnp.asarray(tokens), positions)
-    nats = -np.asarray(losses.token_logp(logits, jnp.asarray(tokens))[0]) * mask
-    return {lead: float(nats[k * rows:(k + 1) * rows].sum() / mask[k * rows:(k + 1) * rows].sum())
-            for k, lead in enumerate(leads)}
+    return _mean_nats(cfg, params, drawn, leads, rows)
 
 
 def gap_lines(tables: dict) -> list[str]:
