@@ -26,14 +26,16 @@ def _probe_config(hf_dir, checkpoints):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """(warm start hf dir, training workdir with checkpoints 1-3): the shipped warm start (test_sft
-    covers making one) and a smoke run from it."""
+    """(warm start hf dir, training workdir with checkpoints 1-2): the shipped warm start (test_sft
+    covers making one) and a two-step smoke run from it."""
     from hsjax.modes import train
 
     root = tmp_path_factory.mktemp("probe_runs")
     warm = REPO / "assets" / "testbed_warmstart"
     c = experiments.load("testbed").get_config("policy_only,smoke")
     c.model.hf_dir = str(warm)
+    c.total_steps = 2  # the smoke modifier's 3 less one; it checkpoints every step
+    c.eval.every = 0  # the probe reads the run's checkpoints, not its evaluations
     train.main(c, str(root / "R"))
     return warm, root / "R"
 
@@ -42,8 +44,15 @@ def runs(tmp_path_factory):
 def probed(runs, tmp_path_factory):
     hf_dir, run = runs
     workdir = tmp_path_factory.mktemp("probe_out")
-    config = _probe_config(hf_dir, f"hf,{run}:3")
+    config = _probe_config(hf_dir, f"hf,{run}:2")
     config.probe.rank1_checkpoints = "first_last"
+    # Fewer tasks than the smoke config's 4 / 3 / 3 (the checks below count from the config). Each
+    # stage runs its rollouts as one batch padded to a power of two, and each batch size is one
+    # more sampler program to compile: these sizes make batches of 2, 4 and 16 only (2 base
+    # rollouts, their failures under the base and six siblings, 2 profiled tasks under seven
+    # harnesses, one rank-1 task per set with 1 or 2 rollouts).
+    config.probe.num_tasks = config.probe.profile_tasks = 2
+    config.probe.rank1_tasks = 1
     out = tp.main(config, str(workdir))
     return workdir, out, config
 
@@ -54,16 +63,16 @@ def _load(path):
 
 def test_writes_every_output_per_checkpoint(probed):
     workdir, out, _ = probed
-    for label in ("hf", "R_step3"):
+    for label in ("hf", "R_step2"):
         for name in (f"properties_{label}.json", f"rank1_{label}.json"):
             assert (workdir / name).stat().st_size > 0, name
     assert (workdir / "nonstationarity.json").exists() and (workdir / "probe.json").exists()
-    assert [r["label"] for r in out["checkpoints"]] == ["hf", "R_step3"]
-    assert _load(workdir / "nonstationarity.json")["labels"] == ["hf", "R_step3"]
-    assert _load(workdir / "probe.json")["checkpoints"][1]["checkpoint"].endswith(":3")
+    assert [r["label"] for r in out["checkpoints"]] == ["hf", "R_step2"]
+    assert _load(workdir / "nonstationarity.json")["labels"] == ["hf", "R_step2"]
+    assert _load(workdir / "probe.json")["checkpoints"][1]["checkpoint"].endswith(":2")
 
 
-@pytest.mark.parametrize("label", ["hf", "R_step3"])
+@pytest.mark.parametrize("label", ["hf", "R_step2"])
 def test_properties_agree_with_their_outcomes(probed, label):
     workdir, _, config = probed
     props = _load(workdir / f"properties_{label}.json")
@@ -91,7 +100,7 @@ def test_properties_agree_with_their_outcomes(probed, label):
     assert comp["union"] >= comp["best_single"] == max(len(v) for v in rescued.values()) / max(len(failures), 1)
 
 
-@pytest.mark.parametrize("label", ["hf", "R_step3"])
+@pytest.mark.parametrize("label", ["hf", "R_step2"])
 def test_rank1_and_base_arms_spend_equal_rollouts(probed, label):
     workdir, _, config = probed
     r1 = _load(workdir / f"rank1_{label}.json")
@@ -125,17 +134,23 @@ def test_trained_checkpoint_is_loaded_into_the_warm_start_model(runs):
 
     hf_dir, run = runs
     _, warm, _ = models.load_pretrained(str(hf_dir))
-    (spec,) = tp.parse_checkpoints(f"{run}:3")
+    (spec,) = tp.parse_checkpoints(f"{run}:2")
     trained = tp.load_params(spec, warm)
     assert jax.tree.structure(trained) == jax.tree.structure(warm)
     assert all(a.dtype == b.dtype for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(warm)))
+    # Placed like the warm start too, so the sampler's programs compiled for it serve every
+    # checkpoint (jit compiles anew for an argument that is committed where the last was not).
+    assert all(a.committed == b.committed for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(warm)))
+    step = jax.jit(lambda p: jax.tree.leaves(p)[0].sum())
+    step(warm), step(trained)
+    assert step._cache_size() == 1
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(warm)))
     assert tp.load_params(tp.parse_checkpoints("hf")[0], warm) is warm
 
 
 def test_missing_step_or_workdir_is_named_before_anything_runs(runs, tmp_path):
     hf_dir, run = runs
-    with pytest.raises(tp.ProbeError, match=r"no checkpoint step 7 .*saved steps: \[1, 2, 3\]"):
+    with pytest.raises(tp.ProbeError, match=r"no checkpoint step 7 .*saved steps: \[1, 2\]"):
         tp.main(_probe_config(hf_dir, f"hf,{run}:7"), str(tmp_path / "a"))
     with pytest.raises(tp.ProbeError, match="does not exist"):
         tp.main(_probe_config(hf_dir, f"{tmp_path / 'absent'}:3"), str(tmp_path / "b"))

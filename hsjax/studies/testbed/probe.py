@@ -33,6 +33,8 @@ import time
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from harness_envs.harness import HarnessSpec
 from hsjax import builders
@@ -131,8 +133,16 @@ def load_params(spec: CheckpointSpec, warm_params):
         if w.shape != g.shape:
             raise ProbeError(f"checkpoint {spec.text}: {jax.tree_util.keystr(path)} has shape {g.shape}, "
                              f"model.hf_dir has {w.shape}; probe a run that started from this warm start")
-    # The warm start's dtypes keep the sampler's compiled programs shared across checkpoints.
-    return jax.tree.map(lambda w, g: g.astype(w.dtype), warm_params, loaded)
+    # The warm start's dtypes and placement keep the sampler's compiled programs shared across
+    # checkpoints: jit keys its cache on whether an argument is committed to a device, and restored
+    # arrays are (the warm start's are not), so as restored each checkpoint compiled them anew.
+    return jax.tree.map(_placed_like, warm_params, loaded)
+
+
+def _placed_like(warm, loaded):
+    if warm.committed:
+        return jax.device_put(loaded.astype(warm.dtype), warm.sharding)
+    return jnp.asarray(np.asarray(loaded), dtype=warm.dtype)
 
 
 def rank1_labels(specs: Sequence[CheckpointSpec], which: str) -> set[str]:
