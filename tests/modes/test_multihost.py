@@ -2,7 +2,9 @@
 with four devices does, and a SIGKILL of both mid-run resumes exactly.
 
 The run is the testbed's Harness-S arm on the shipped warm start (rewards vary, rescue happens,
-router decisions are made by process 0 with the rule voter), a few groups, two steps.
+router decisions are made by process 0 with the rule voter), a few groups, two steps, evaluated at
+the second, which the resumed run makes: an evaluation at step 1 too would cost the killed run a
+compile and 8 episodes more (the reference run 8 episodes) and check nothing that one does not.
 """
 import pathlib
 import signal
@@ -21,7 +23,7 @@ from tests.modes.test_train import NONDETERMINISTIC, REPO, env, final_params
 ARGS = ["--config", str(REPO / "experiments/testbed.py") + ":harness_s,smoke",
         "--config.model.hf_dir=assets/testbed_warmstart", "--config.router.local_voters=('rule',)",
         "--config.rollout.groups=4", "--config.rollout.max_new_tokens=48", "--config.total_steps=2",
-        "--config.eval.limit=4"]
+        "--config.eval.limit=4", "--config.eval.every=2"]
 
 
 def free_port() -> int:

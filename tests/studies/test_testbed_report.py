@@ -1,11 +1,8 @@
 """The testbed report on hand-made data and on a real small sweep (from the shipped warm start: the
-warmstart, policy_only (two seeds) and harness_s arms in smoke size), and the ablation notebook run
-against that sweep."""
+warmstart, policy_only (two seeds) and harness_s arms in smoke size, two steps), and the ablation
+notebook run against that sweep."""
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -175,29 +172,30 @@ def test_plot_probe_draws_properties_when_present(tmp_path):
 # ---------------------------------------------------------------- a real sweep
 
 ARMS = [("warmstart", 0), ("policy_only", 0), ("policy_only", 1), ("harness_s", 0)]
-
-
-def _cmd(config, workdir, *overrides):
-    return [sys.executable, "run.py", "--config", f"experiments/testbed.py:{config}", *overrides, "--workdir", str(workdir)]
+# Steps of each training arm (the smoke modifier has 3). Each is evaluated: two give the curves
+# more than one point past the warm start's step 0 to line up across seeds.
+STEPS = 2
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("testbed_sweep")
-    # One after the other with the session's compilation cache (tests/conftest.py): the later runs
-    # skip most compilation (parallel runs on a two-core machine were several times slower).
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    root = tmp / "sweep"
-    # The shipped warm start: an SFT smoke run would cost a process more, and test_sft covers it.
-    runs = []
+    """`<arm>/seed<k>/` workdirs, each what `python run.py --config experiments/testbed.py:<arm>,smoke
+    --config.total_steps=2 ...` writes. The runs are made in this process, one after the other: they
+    share the programs compiled in memory and pay no process start (as four run.py processes they
+    took 20 s more of about 130 on the 2-core CPU); the report reads only their files, and
+    test_train covers training through run.py."""
+    from hsjax.modes import train
+
+    root = tmp_path_factory.mktemp("testbed_sweep") / "sweep"
+    testbed = experiments.load("testbed")
     for arm, seed in ARMS:
-        # The smoke modifier sets total_steps=3 for every arm; the warm start is only scored.
-        extra = ["--config.total_steps=0"] if arm == "warmstart" else []
-        runs.append((f"{arm} seed {seed}", _cmd(f"{arm},smoke", root / arm / f"seed{seed}", *extra,
-                                                f"--config.model.hf_dir={REPO / 'assets' / 'testbed_warmstart'}", f"--config.seed={seed}")))
-    for name, cmd in runs:
-        done = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+        c = testbed.get_config(f"{arm},smoke")  # the warm start is only scored (total_steps=0)
+        # The shipped warm start: an SFT smoke run would cost a run more, and test_sft covers it.
+        c.model.hf_dir = str(REPO / "assets" / "testbed_warmstart")
+        c.seed = seed
+        if arm != "warmstart":
+            c.total_steps = STEPS
+        train.main(c, str(root / arm / f"seed{seed}"))
     return root
 
 
@@ -210,8 +208,9 @@ def test_sweep_loads_in_arm_order(sweep):
     assert [(r.arm, r.seed) for r in runs] == ARMS
     warm = runs[0]
     assert warm.eval_steps("synth_heldout") == [0] and warm.eval_steps("synth_train") == [0]
-    assert runs[1].eval_steps("synth_heldout") == [1, 2, 3]
-    assert runs[1].episode_steps() == [1, 2, 3]
+    steps = list(range(1, STEPS + 1))
+    assert runs[1].eval_steps("synth_heldout") == steps
+    assert runs[1].episode_steps() == steps
     assert len(list(runs[1].episodes(1))) == _rows(sweep / "policy_only/seed0/metrics.jsonl")[0]["rollouts/base"]
 
 
@@ -225,7 +224,7 @@ def test_results_table_cross_checks_the_metrics_files(sweep):
     for arm, seeds in (("policy_only", [0, 1]), ("harness_s", [0])):
         metrics = [_rows(sweep / arm / f"seed{s}" / "metrics.jsonl") for s in seeds]
         totals = [m[-1]["rollouts/total"] for m in metrics]
-        assert rows[arm]["seeds"] == seeds and rows[arm]["step"] == 3
+        assert rows[arm]["seeds"] == seeds and rows[arm]["step"] == STEPS
         assert rows[arm]["rollouts"]["mean"] == pytest.approx(np.mean(totals))
         assert rows[arm]["rescue_rollouts"]["mean"] == pytest.approx(np.mean([m[-1]["rollouts/rescue_total"] for m in metrics]))
         walls = [sum(r.get(k, 0.0) for r in m for k in ("time/rollout", "time/update", "time/eval")) for m in metrics]
@@ -233,21 +232,23 @@ def test_results_table_cross_checks_the_metrics_files(sweep):
         assert rows[arm]["wall_s"]["std"] == pytest.approx(np.std(walls, ddof=1) if len(walls) > 1 else 0.0)
         for split, col in (("synth_heldout", "heldout"), ("synth_train", "train")):
             assert rows[arm][col]["mean"] == pytest.approx(np.mean([m[-1][f"eval/{split}/base/success"] for m in metrics]))
-        episodes = json.loads((sweep / arm / "seed0/eval/synth_train_step000003.json").read_text())["episodes"]
+        episodes = json.loads((sweep / arm / f"seed0/eval/synth_train_step{STEPS:06d}.json").read_text())["episodes"]
         b_types = {e["type"] for e in episodes} & set(tbr.FAMILIES_B)
         assert b_types, "the smoke eval should hold some family-B tasks"
     assert rows["policy_only"]["rescue_rollouts"]["mean"] == 0 and rows["harness_s"]["rescue_rollouts"]["mean"] > 0
     table = tr.markdown_table(list(rows.values()))
-    assert table.count("\n") == 1 + len(rows) and "| policy_only | 2 | 3 |" in table
+    # arm | seeds | steps: harness_s's single seed tells the two columns apart
+    assert table.count("\n") == 1 + len(rows)
+    assert f"| policy_only | 2 | {STEPS} |" in table and f"| harness_s | 1 | {STEPS} |" in table
 
 
 def test_curves_and_behaviour_on_the_sweep(sweep):
     runs = tr.load_sweep(sweep)
     c = tr.curves(runs, "synth_heldout")
-    assert [p[0] for p in c["policy_only"]] == [0, 1, 2, 3]  # the warm start's step 0 first
+    assert [p[0] for p in c["policy_only"]] == list(range(STEPS + 1))  # the warm start's step 0 first
     v = tr.success_vs_rollouts(runs, "synth_train")
     po = [_rows(sweep / f"policy_only/seed{s}/metrics.jsonl") for s in (0, 1)]
-    assert [p[0] for p in v["policy_only"]][1:] == [np.mean([m[i]["rollouts/total"] for m in po]) for i in range(3)]
+    assert [p[0] for p in v["policy_only"]][1:] == [np.mean([m[i]["rollouts/total"] for m in po]) for i in range(STEPS)]
     rows = tr.behaviour_table(runs)
     for row in rows:
         for key in ("actions", "failure_modes"):
