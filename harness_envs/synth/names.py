@@ -22,6 +22,10 @@ Splits:
                     one name), so in a task's text every syllable is followed by one syllable only
     varied_train    distinct_train with three wordings a family (questions.NAMES_VARIED), so
                     no one mark ends every value; its held-out split is distinct_heldout
+    shared_leads_train
+                    varied_train plus wordings whose lead-in ("Give the", "Find the", "What is
+                    the") another family uses too (questions.NAMES_SHARED_LEADS), so the lead-in
+                    does not tell the family; held out: distinct_heldout
 A coined word is of the held-out kind iff its CRC-32 is divisible by 5, so the two kinds never share
 a word while they share every token. Why the distinct splits: with a token a syllable (the
 `tiny_words` tokenizer), a task's 20 names hold about 50 syllables drawn from 70, so most syllables
@@ -103,9 +107,12 @@ NAMES_SPLITS = {"names_train": NamesSplit("train", "names_train"),
                 "coined_heldout": NamesSplit("heldout", "names_heldout", coined=True),
                 "distinct_train": NamesSplit("train", "names_train", coined=True, distinct_syllables=True),
                 "distinct_heldout": NamesSplit("heldout", "names_heldout", coined=True, distinct_syllables=True),
-                "varied_train": NamesSplit("train", "names_train_varied", coined=True, distinct_syllables=True)}
+                "varied_train": NamesSplit("train", "names_train_varied", coined=True, distinct_syllables=True),
+                "shared_leads_train": NamesSplit("train", "names_train_shared_leads", coined=True,
+                                                 distinct_syllables=True)}
 DEFAULT_SIZES = {"names_train": 3000, "names_heldout": 600, "coined_train": 3000, "coined_heldout": 600,
-                 "distinct_train": 3000, "distinct_heldout": 600, "varied_train": 3000}
+                 "distinct_train": 3000, "distinct_heldout": 600, "varied_train": 3000,
+                 "shared_leads_train": 3000}
 SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
 HELDOUT_MODULUS = 5
 # Coinable words that are SQL words or the expert's guessed table.

@@ -23,7 +23,8 @@ TYPES = (
     "aggregation-SUM", "aggregation-MIN", "aggregation-MAX", "aggregation-AVG",
     "INSERT", "UPDATE",
 )
-PHRASINGS = ("train", "heldout", "names_train", "names_heldout", "names_train_varied")
+PHRASINGS = ("train", "heldout", "names_train", "names_heldout", "names_train_varied",
+             "names_train_shared_leads")
 
 # {type: {phrasing set: templates}}. Ranking templates carry their sort order after a "|".
 TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
@@ -89,9 +90,24 @@ NAMES_VARIED = {
     "aggregation-MAX": ("What is the maximum {num} for {cat} {v}?", "Give the maximum {num} for {cat} {v}.",
                         "For {cat} {v}, what is the maximum {num}?"),
 }
+# NAMES_VARIED plus wordings whose lead-in ("What is the", "Give the", "Find the") another family
+# uses too (the split shared_leads_train), so the words after the lead-in, not the lead-in, set the
+# family. Under NAMES_VARIED only ranking said "Find the"; its SFT then succeeded on 4 of 17 held-out
+# ranking tasks ("Tell me the X with the lowest Y.": it wrote `SELECT MIN(...)` or a wrong column)
+# and on 17 of 17 of the same tasks worded "Find the X with the lowest Y." (docs/results.md, v12).
+NAMES_SHARED_LEADS = {
+    "other": NAMES_VARIED["other"] + ("Find the {col} of {k}.",),
+    "counting": NAMES_VARIED["counting"],
+    "ranking": NAMES_VARIED["ranking"] + (
+        "Give the {key} with the highest {num}.|DESC", "Give the {key} with the lowest {num}.|ASC",
+        "What is the {key} with the highest {num}?|DESC", "What is the {key} with the lowest {num}?|ASC"),
+    **{f"aggregation-{op}": NAMES_VARIED[f"aggregation-{op}"] + (f"Find the {word} {{num}} for {{cat}} {{v}}.",)
+       for op, word in (("SUM", "total"), ("MIN", "minimum"), ("MAX", "maximum"))},
+}
 for _type, _sets in NAMES_TEMPLATES.items():
     TEMPLATES[_type].update(_sets)
     TEMPLATES[_type]["names_train_varied"] = NAMES_VARIED[_type]
+    TEMPLATES[_type]["names_train_shared_leads"] = NAMES_SHARED_LEADS[_type]
 
 MAX_COMPARISON_MATCHES = 3
 
