@@ -54,24 +54,22 @@ def openai_server():
         server.close()
 
 
-# The files that take longest (per-file sums of a full run's `--durations=0`), run first: the
-# xdist workers take whole files in collection order, and a long file picked up last would run
-# alone while the others idle (longest-processing-time-first scheduling). pytest.ini passes
-# --no-loadscope-reorder, without which xdist reorders the files by their number of tests and
-# undoes this. Order only; every test still runs.
+# The files that take longest (the `--durations` list of a CI run), run first: the xdist
+# workers take whole files in collection order, and a long file picked up last would run alone
+# while the others idle (longest-processing-time-first scheduling). Order only; every test
+# still runs.
 SLOW_FILES_FIRST = (
     "tests/modes/test_multihost.py",
     "tests/modes/test_train.py",
-    "tests/studies/test_testbed_names.py",
-    "tests/studies/test_copy_warmup.py",
-    "tests/rollout/test_vllm_venv.py",
-    "tests/studies/test_testbed_demo.py",
     "tests/studies/test_testbed_report.py",
-    "tests/harness_envs/swegym/test_sw_experiments.py",
-    "tests/modes/test_export.py",
+    "tests/rollout/test_vllm_venv.py",
     "tests/harness_envs/appworld/test_aw_experiments.py",
-    "tests/studies/test_sft.py",
     "tests/studies/test_testbed_probe.py",
+    "tests/studies/test_testbed_demo.py",
+    "tests/studies/test_testbed_names.py",
+    "tests/harness_envs/swegym/test_sw_experiments.py",
+    "tests/studies/test_sft.py",
+    "tests/modes/test_export.py",
 )
 
 
