@@ -52,33 +52,3 @@ def openai_server():
     yield start
     for server in started:
         server.close()
-
-
-# The files that take longest (the `--durations` list of a CI run), run first: the xdist
-# workers take whole files in collection order, and a long file picked up last would run alone
-# while the others idle (longest-processing-time-first scheduling). Order only; every test
-# still runs.
-SLOW_FILES_FIRST = (
-    "tests/modes/test_multihost.py",
-    "tests/modes/test_train.py",
-    "tests/studies/test_testbed_report.py",
-    "tests/rollout/test_vllm_venv.py",
-    "tests/harness_envs/appworld/test_aw_experiments.py",
-    "tests/studies/test_testbed_probe.py",
-    "tests/studies/test_testbed_demo.py",
-    "tests/studies/test_testbed_names.py",
-    "tests/harness_envs/swegym/test_sw_experiments.py",
-    "tests/studies/test_sft.py",
-    "tests/modes/test_export.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
-    root = str(config.rootpath)
-
-    def key(item):
-        path = os.path.relpath(str(item.path), root)
-        return rank.get(path, len(rank))
-
-    items.sort(key=key)  # stable: within a file, and among the other files, the order is kept
