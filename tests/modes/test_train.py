@@ -97,9 +97,10 @@ def test_smoke_trains_evaluates_checkpoints_and_extends(tmp_path):
 
 
 def test_harness_s_resumes_exactly_after_sigkill(tmp_path):
-    """Rescue through the router with two local voter servers, re-anchoring every 2 steps."""
+    """Rescue through the router with two local voter servers, re-anchoring every 2 steps; three
+    steps, so the resumed run's one step decides on the profiles re-anchored at step 2."""
     straight = tmp_path / "straight"
-    run(straight, 4, arg="smoke_harness_s")
+    run(straight, 3, arg="smoke_harness_s")
     rows = read_metrics(straight)
     assert all(r["router/decisions"] > 0 for r in rows)
     assert rows[-1]["router/total/reanchors"] >= 1
@@ -114,8 +115,8 @@ def test_harness_s_resumes_exactly_after_sigkill(tmp_path):
     # Killed mid-run after the step-2 checkpoint, then resumed: the same parameters, metrics and
     # router decisions (the router's profiles and voter records come back from the checkpoint).
     resumed = tmp_path / "resumed"
-    kill_after_checkpoint(resumed, 4, step=2, arg="smoke_harness_s")
-    run(resumed, 4, arg="smoke_harness_s")
+    kill_after_checkpoint(resumed, 3, step=2, arg="smoke_harness_s")
+    run(resumed, 3, arg="smoke_harness_s")
     assert comparable(read_metrics(resumed)) == comparable(rows)
     assert decisions(resumed) == decisions(straight)
     a, b = final_params(straight), final_params(resumed)
