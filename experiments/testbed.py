@@ -105,6 +105,9 @@ def base_config() -> ml_collections.ConfigDict:
     # What surrounds the copy rows' lists (copy_warmup.STYLES): "plain" filler words and ", " (v10),
     # or "context": prose leads and gaps, varied separators (v11). The warm-up's and replay's rows.
     c.sft.copy_style = "plain"
+    # Rows each cell of the warm-up's copy tables (copy_warmup.gap_tables) averages: 16 keep a
+    # cell's standard error near 0.1 nat; smoke runs, which read no table, use 2.
+    c.sft.copy_table_rows = 16
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 3e-3
@@ -256,6 +259,7 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
     c.sft.batch_size = 4
     c.sft.copy_warmup_steps = min(c.sft.copy_warmup_steps, 2)
     c.sft.copy_far_steps = min(c.sft.copy_far_steps, 2)
+    c.sft.copy_table_rows = 2
     c.optim.warmup_steps = 1
     c.eval.num_tasks = 20
     c.eval.per_type = 1

@@ -95,8 +95,8 @@ def main(config, workdir: str) -> dict:
         learning_rate=sft.copy_warmup_lr, seed=config.seed, far_steps=sft.copy_far_steps,
         far_tokens=sft.copy_far_tokens if sft.copy_far_steps else 0, report_every=config.log.every,
         on_report=on_report, start=start, opt_state=opt_state, on_step=on_step, table_every=TABLE_EVERY,
-        on_tables=on_tables, style=sft.copy_style)
-    report.update(copy_warmup.gap_tables(cfg, params, tokenizer))
+        on_tables=on_tables, table_rows=sft.copy_table_rows, style=sft.copy_style)
+    report.update(copy_warmup.gap_tables(cfg, params, tokenizer, sft.copy_table_rows))
     checkpointer.close()
     writer.close()
     hf_dir = os.path.join(workdir, "hf")

@@ -301,7 +301,7 @@ def warmup_batch(tokenizer, seed: int, done: int, steps: int, batch_size: int, f
 def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rate: float, seed: int,
             far_steps: int = 0, far_tokens: int = 0, report_every: int = 50, on_report=None,
             start: int = 0, opt_state=None, on_step=None, table_every: int = 0, on_tables=None,
-            style: str = "plain"):
+            table_rows: int = 16, style: str = "plain"):
     """`params` after `steps` AdamW steps on repeated lists, then `far_steps` that alternate a step
     on repeated lists with one on `gap_batch`es of `gap_rows_per_batch` rows (gaps up to
     `far_tokens`), one optimizer for all (`warmup_optimizer`). The repeats form the copy heads
@@ -310,7 +310,7 @@ def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rat
 
     Resuming: `start` steps done, with their `opt_state`; `on_step(done, params, opt_state)` after
     every step is where a caller checkpoints. Every `table_every` steps `on_tables(done, tables)`
-    gets `gap_tables` (the reach as it forms). Returns (params, report): report["repeat"] (repeat
+    gets `gap_tables` over `table_rows` rows a cell (the reach as it forms). Returns (params, report): report["repeat"] (repeat
     rows, both phases) and report["gap"] (gap rows) list (step, mean masked loss) every
     `report_every` steps and at the end, each also passed to `on_report(kind, step, total, loss)`
     (the run's progress lines). What the warm-up reached: `gap_tables` of the params."""
@@ -332,19 +332,19 @@ def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rat
                         on_report(name, done, total, report[name][-1][1])
             window = {"repeat": [], "gap": []}
         if table_every and done % table_every == 0 and done < total and on_tables is not None:
-            on_tables(done, gap_tables(cfg, params, tokenizer))
+            on_tables(done, gap_tables(cfg, params, tokenizer, table_rows))
         if on_step is not None:
             on_step(done, params, opt_state)
     return params, report
 
 
-def gap_tables(cfg, params, tokenizer) -> dict[str, dict[int, float]]:
+def gap_tables(cfg, params, tokenizer, rows: int = 16) -> dict[str, dict[int, float]]:
     """{"gap_nats": `gap_table` with the first copy at the row's start (gaps 0-550),
-    "gap_nats_lead": the same `TABLE_LEAD` tokens in (gaps 0-400), "context_nats": `context_table`}:
-    a lookup that a task's prompt can use is low in all three."""
-    return {"gap_nats": gap_table(cfg, params, tokenizer),
-            "gap_nats_lead": gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400), lead=TABLE_LEAD),
-            "context_nats": context_table(cfg, params, tokenizer)}
+    "gap_nats_lead": the same `TABLE_LEAD` tokens in (gaps 0-400), "context_nats": `context_table`},
+    each cell a mean over `rows` rows: a lookup that a task's prompt can use is low in all three."""
+    return {"gap_nats": gap_table(cfg, params, tokenizer, rows=rows),
+            "gap_nats_lead": gap_table(cfg, params, tokenizer, gaps=(0, 40, 150, 400), rows=rows, lead=TABLE_LEAD),
+            "context_nats": context_table(cfg, params, tokenizer, rows=rows)}
 
 
 def context_table(cfg, params, tokenizer, leads=CONTEXT_LEADS, rows: int = 16, seed: int = 11) -> dict[int, float]:

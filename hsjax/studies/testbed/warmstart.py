@@ -215,7 +215,7 @@ def unread(config) -> dict[str, str]:
     if config.sft.init_from:
         for key in ("model.overrides", "model.preset"):
             unread[key] = "sft.init_from is set: the model's shape is the directory's"
-        for key in ("sft.copy_warmup_steps", "sft.copy_far_steps", "sft.copy_warmup_lr"):
+        for key in ("sft.copy_warmup_steps", "sft.copy_far_steps", "sft.copy_warmup_lr", "sft.copy_table_rows"):
             unread[key] = "sft.init_from is set: its copy base had the warm-up (:copy_base runs it)"
         if not config.sft.copy_replay_every:
             unread["sft.copy_far_tokens"] = "sft.copy_replay_every=0: no copy rows replayed"
@@ -223,6 +223,7 @@ def unread(config) -> dict[str, str]:
         return unread
     if not config.sft.copy_warmup_steps and not config.sft.copy_far_steps:
         unread["sft.copy_warmup_lr"] = "sft.copy_warmup_steps=0 and sft.copy_far_steps=0: no copy warm-up"
+        unread["sft.copy_table_rows"] = "sft.copy_warmup_steps=0 and sft.copy_far_steps=0: no copy warm-up"
         if not config.sft.copy_replay_every:
             unread["sft.copy_style"] = "no copy warm-up and sft.copy_replay_every=0: no copy rows"
     if not config.sft.copy_far_steps:
@@ -293,7 +294,7 @@ def main(config, workdir: str) -> dict:
             style=config.sft.copy_style,
             on_report=lambda kind, step, total, loss: console.say(
                 f"copy warm-up {step}/{total} | {kind} rows | loss {loss:.3g}"))
-        report.update(copy_warmup.gap_tables(cfg, params, tokenizer))
+        report.update(copy_warmup.gap_tables(cfg, params, tokenizer, config.sft.copy_table_rows))
         metrics_lib.write_json(os.path.join(workdir, "copy_warmup.json"), report)
         for kind in ("repeat", "gap"):
             if report[kind]:
