@@ -310,10 +310,11 @@ def warm_up(cfg, params, tokenizer, *, steps: int, batch_size: int, learning_rat
 
     Resuming: `start` steps done, with their `opt_state`; `on_step(done, params, opt_state)` after
     every step is where a caller checkpoints. Every `table_every` steps `on_tables(done, tables)`
-    gets `gap_tables` over `table_rows` rows a cell (the reach as it forms). Returns (params, report): report["repeat"] (repeat
-    rows, both phases) and report["gap"] (gap rows) list (step, mean masked loss) every
-    `report_every` steps and at the end, each also passed to `on_report(kind, step, total, loss)`
-    (the run's progress lines). What the warm-up reached: `gap_tables` of the params."""
+    gets `gap_tables` over `table_rows` rows a cell (the reach as it forms). Returns (params,
+    report): report["repeat"] (repeat rows, both phases) and report["gap"] (gap rows) list (step,
+    mean masked loss) every `report_every` steps and at the end, each also passed to
+    `on_report(kind, step, total, loss)` (the run's progress lines). What the warm-up reached:
+    `gap_tables` of the params."""
     total = steps + far_steps
     tx = warmup_optimizer(learning_rate, total)
     step_fn = make_copy_step(cfg, tx)

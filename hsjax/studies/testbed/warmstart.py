@@ -222,8 +222,8 @@ def unread(config) -> dict[str, str]:
             unread["sft.copy_style"] = "sft.copy_replay_every=0: no copy rows replayed"
         return unread
     if not config.sft.copy_warmup_steps and not config.sft.copy_far_steps:
-        unread["sft.copy_warmup_lr"] = "sft.copy_warmup_steps=0 and sft.copy_far_steps=0: no copy warm-up"
-        unread["sft.copy_table_rows"] = "sft.copy_warmup_steps=0 and sft.copy_far_steps=0: no copy warm-up"
+        for key in ("sft.copy_warmup_lr", "sft.copy_table_rows"):
+            unread[key] = "sft.copy_warmup_steps=0 and sft.copy_far_steps=0: no copy warm-up"
         if not config.sft.copy_replay_every:
             unread["sft.copy_style"] = "no copy warm-up and sft.copy_replay_every=0: no copy rows"
     if not config.sft.copy_far_steps:
