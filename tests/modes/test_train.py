@@ -52,9 +52,9 @@ def _flatten(tree, prefix=""):
         yield prefix, tree
 
 
-def kill_after_checkpoint(workdir, total_steps, step, arg):
+def kill_after_checkpoint(workdir, total_steps, *extra, step, arg):
     """Starts a run and SIGKILLs it as soon as the checkpoint of `step` is complete."""
-    proc = subprocess.Popen(train_command(workdir, total_steps, arg=arg), env=env(), cwd=REPO,
+    proc = subprocess.Popen(train_command(workdir, total_steps, *extra, arg=arg), env=env(), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     manifest = pathlib.Path(workdir) / "checkpoints" / str(step) / "hsjax_manifest.json"
     deadline = time.monotonic() + 600
@@ -97,10 +97,12 @@ def test_smoke_trains_evaluates_checkpoints_and_extends(tmp_path):
 
 
 def test_harness_s_resumes_exactly_after_sigkill(tmp_path):
-    """Rescue through the router with two local voter servers, re-anchoring every 2 steps; three
-    steps, so the resumed run's one step decides on the profiles re-anchored at step 2."""
+    """Rescue through the router with two local voter servers, re-anchoring and checkpointing every
+    step; two steps, so the resumed run's one step decides on the profiles re-anchored at step 1
+    (restored from the checkpoint, not rebuilt)."""
+    every_step = ("--config.router.reanchor_every=1", "--config.checkpoint.every=1")
     straight = tmp_path / "straight"
-    run(straight, 3, arg="smoke_harness_s")
+    run(straight, 2, *every_step, arg="smoke_harness_s")
     rows = read_metrics(straight)
     assert all(r["router/decisions"] > 0 for r in rows)
     assert rows[-1]["router/total/reanchors"] >= 1
@@ -112,11 +114,11 @@ def test_harness_s_resumes_exactly_after_sigkill(tmp_path):
     observed = sum(sum(p.overall) for p in profiles.profiles.values())
     assert 0 < observed <= rows[-1]["rollouts/rescue_total"]  # re-anchoring decays older counts
 
-    # Killed mid-run after the step-2 checkpoint, then resumed: the same parameters, metrics and
+    # Killed mid-run after the step-1 checkpoint, then resumed: the same parameters, metrics and
     # router decisions (the router's profiles and voter records come back from the checkpoint).
     resumed = tmp_path / "resumed"
-    kill_after_checkpoint(resumed, 3, step=2, arg="smoke_harness_s")
-    run(resumed, 3, arg="smoke_harness_s")
+    kill_after_checkpoint(resumed, 2, *every_step, step=1, arg="smoke_harness_s")
+    run(resumed, 2, *every_step, arg="smoke_harness_s")
     assert comparable(read_metrics(resumed)) == comparable(rows)
     assert decisions(resumed) == decisions(straight)
     a, b = final_params(straight), final_params(resumed)
