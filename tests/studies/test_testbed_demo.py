@@ -1,5 +1,6 @@
 """README's main job: the shipped warm start loads, and the demo trains from it and prints its table
 (here one step of one arm on a few tasks; README's command runs the full demo)."""
+import json
 import os
 import pathlib
 import subprocess
@@ -34,10 +35,12 @@ def test_missing_warm_start_is_named(tmp_path):
 def test_demo_prints_before_and_after(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "run.py", "--config=experiments/testbed.py:demo", f"--workdir={tmp_path}",
-           "--config.demo.arms=policy_only", "--config.demo.total_steps=1", "--config.demo.eval_limit=2"]
+           "--config.demo.arms=policy_only", "--config.demo.total_steps=1", "--config.demo.eval_limit=2", "--config.demo.groups=2"]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     table = (tmp_path / "demo.txt").read_text()
     assert "warm start" in table and "policy_only" in table
     assert (tmp_path / "policy_only" / "seed0" / "metrics.jsonl").exists()
+    row = json.loads((tmp_path / "policy_only" / "seed0" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["rollouts/total"] == 2 * 4  # demo.groups tasks of n = 4 rollouts
     assert (tmp_path / "warmstart" / "seed0" / "eval" / "synth_heldout_step000000.json").exists()

@@ -29,6 +29,8 @@ def arm_config(config, arm: str):
         c.total_steps = config.demo.total_steps
         c.eval.every = config.demo.total_steps
         c.optim.warmup_steps = min(c.optim.warmup_steps, c.total_steps - 1)
+        if config.demo.groups:
+            c.rollout.groups = config.demo.groups
     c.eval.limit = config.demo.eval_limit
     return c
 
