@@ -45,10 +45,11 @@ def run_py(*args, timeout=600):
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A real 2-step training run of the tiny preset, with the opt-in AutoTokenizer-exact tokenizer
-    (so a resolver that assumed the default tokenizer would give other ids)."""
+    """A real 1-step training run of the tiny preset (its final checkpoint is step 1), with the
+    opt-in AutoTokenizer-exact tokenizer (so a resolver that assumed the default tokenizer would
+    give other ids)."""
     w = tmp_path_factory.mktemp("train") / "run"
-    proc = subprocess.run(train_command(w, 2, "--config.model.tokenizer=tiny_qwen2"), env=env(), cwd=REPO,
+    proc = subprocess.run(train_command(w, 1, "--config.model.tokenizer=tiny_qwen2", "--config.optim.warmup_steps=0"), env=env(), cwd=REPO,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads((w / "config.json").read_text())["mode"] == "train"
@@ -70,7 +71,7 @@ def test_a_workdir_loads_as_the_model_its_run_trained(workdir, tmp_path):
     assert source is None and cfg.family == "qwen2" and cfg.vocab_size == len(tokenizer)
     assert_trees_equal(params, saved)
     assert tokenizer.get_vocab() == tiny_tokenizer("tiny_qwen2").get_vocab() != build_tiny_tokenizer().get_vocab()
-    _, by_dir, _, _ = builders.load_model(str(workdir / "checkpoints"), step=2)
+    _, by_dir, _, _ = builders.load_model(str(workdir / "checkpoints"), step=1)
     assert_trees_equal(by_dir, saved)
     # The run's experiment config.json is not an HF config.
     assert not builders.is_hf_dir(workdir) and builders.run_config(workdir)["mode"] == "train"
@@ -130,7 +131,7 @@ def test_export_round_trip_with_plain_transformers(workdir, tmp_path):
            f"--workdir={out_workdir}")
     out = out_workdir / "hf"
     report = json.loads((out_workdir / "export.json").read_text())
-    assert report["step"] == 2 and report["auto_tokenizer"]["same_ids"], report
+    assert report["step"] == 1 and report["auto_tokenizer"]["same_ids"], report
     assert report["auto_tokenizer"]["class"] == "Qwen2Tokenizer"
 
     # Files: readable by others, eos/bos/pad set where HF generate and vLLM read them.
