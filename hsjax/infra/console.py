@@ -2,8 +2,8 @@
 
 The console shows a run's progress: the progress bar, a line per step every few steps, and the
 result. Every log record at INFO and above (orbax, httpx, the voter servers, hsjax itself) goes
-to `<workdir>/log.txt`; the console gets only warnings and errors, unless `verbose` brings INFO
-back (`run.py --verbose`). Both handlers redact every registered secret (`hsjax.infra.secrets`)
+to `<workdir>/log.txt`; the console gets only warnings and errors (less orbax's
+`EXPECTED_WARNINGS`), unless `verbose` brings INFO back (`run.py --verbose`). Both handlers redact every registered secret (`hsjax.infra.secrets`)
 from each record before it is written.
 """
 from __future__ import annotations
@@ -18,9 +18,20 @@ import tqdm
 from hsjax.infra import secrets
 
 LOG_FILE = "log.txt"
+# Warnings orbax logs on every read hsjax makes on purpose that way: a read-only manager (export,
+# probe, eval of a workdir) and a params-only restore that leaves the "host" item (the run's
+# data-loader and router state) unread. They stay in log.txt; on the console they read as faults.
+EXPECTED_WARNINGS = ("CheckpointManagerOptions.read_only=True", "Given directory is read only=",
+                     'Item "host" was found in the checkpoint, but could not be restored')
 _quiet = False  # set on every process but the first of a multi-process run
 _FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 _MARK = "_hsjax_handler"
+
+
+class _DropExpectedWarnings(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.WARNING
+                    and record.getMessage().startswith(EXPECTED_WARNINGS))
 
 
 def setup_logging(workdir: str, *, verbose: bool = False, process_index: int = 0) -> str:
@@ -45,6 +56,7 @@ def setup_logging(workdir: str, *, verbose: bool = False, process_index: int = 0
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(logging.INFO if verbose else logging.WARNING)
     console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    console.addFilter(_DropExpectedWarnings())
     for handler in (file_handler, console):
         setattr(handler, _MARK, True)
         handler.addFilter(secrets.RedactingFilter())

@@ -11,6 +11,7 @@ def test_info_goes_to_the_log_file_and_warnings_also_to_the_console(tmp_path, ca
     try:
         logging.getLogger("orbax.chatty").info("saving step 3")
         logging.getLogger("hsjax.x").warning("voter dropped")
+        logging.getLogger("absl").warning('Item "host" was found in the checkpoint, but could not be restored.')
         console.say("step 1/2 | reward 0.5")
         for handler in logging.getLogger().handlers:
             handler.flush()
@@ -19,6 +20,8 @@ def test_info_goes_to_the_log_file_and_warnings_also_to_the_console(tmp_path, ca
         assert path == str(tmp_path / "log.txt")
         assert "saving step 3" in text and "voter dropped" in text
         assert "saving step 3" not in captured.err and "voter dropped" in captured.err
+        # orbax's warning on every params-only restore: in the log, not on the console
+        assert 'Item "host"' in text and 'Item "host"' not in captured.err
         assert "step 1/2 | reward 0.5" in captured.out
         console.setup_logging(str(tmp_path / "v"), verbose=True)  # handlers are replaced, not stacked
         logging.getLogger("orbax.chatty").info("now shown")
