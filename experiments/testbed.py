@@ -158,6 +158,10 @@ NAMES_POOL = "harness_envs/pools/testbed_names.json"
 COPY_BASE_V10 = "assets/testbed_copy_base"
 COPY_BASE = "assets/testbed_copy_base_v11"
 NAMES_HARNESSES = ("base", "tables_first", "schema_reminder")
+# The names regime's splits (harness_envs/synth/names.py): SFT, the gates and the arms' GRPO draw
+# training tasks from NAMES_TRAIN_SPLIT (task seeds 0, 2 and 1), held-out ones from NAMES_HELDOUT_SPLIT.
+NAMES_TRAIN_SPLIT = "shared_leads_train"
+NAMES_HELDOUT_SPLIT = "distinct_heldout"
 
 
 def _names(c: ml_collections.ConfigDict) -> None:
@@ -166,9 +170,12 @@ def _names(c: ml_collections.ConfigDict) -> None:
     tables_first (`hsjax.studies.testbed.warmstart.names_plan`); the gates check what came out."""
     c.benchmark = common.benchmark("synth_names")
     c.pool = NAMES_POOL
-    # Coined names: with the word-list splits (names_train / names_heldout) the first warm start
-    # memorised words instead of copying them (docs/results.md); they stay for that record.
-    c.data.train_split = "coined_train"
+    # Coined names, no syllable shared by two names of a task, three wordings a family and lead-ins
+    # shared across families (harness_envs/synth/names.py). Each replaced a split on which a warm
+    # start failed G1 (docs/results.md, v8-v12): the word lists (names_train, memorised), coined_train
+    # (a copy ambiguous at its first syllable), varied_train (a lead-in that told ranking apart).
+    # Those splits stay for that record.
+    c.data.train_split = NAMES_TRAIN_SPLIT
     c.data.task_seed = 0  # GRPO draws from task seed 1, evaluation from seeds 2 (train) and 0 (held-out)
     c.regime = ml_collections.ConfigDict({
         "kind": "names",
@@ -209,7 +216,7 @@ def _names(c: ml_collections.ConfigDict) -> None:
     c.sft.copy_replay_every = 2
     c.optim.learning_rate = 1e-3
     c.optim.warmup_steps = 50
-    c.eval.split = "coined_heldout"
+    c.eval.split = NAMES_HELDOUT_SPLIT
     c.eval.num_tasks = 600
     c.eval.per_type = 10
     c.eval.harnesses = NAMES_HARNESSES
@@ -227,9 +234,9 @@ def gates_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict({"hf_dir": "assets/testbed_names_warmstart", "checkpoint": ""})
     c.gates = ml_collections.ConfigDict()
     c.gates.tasks_per_cell = 100
-    c.gates.heldout_split = "coined_heldout"
+    c.gates.heldout_split = NAMES_HELDOUT_SPLIT
     c.gates.heldout_seed = 0
-    c.gates.train_split = "coined_train"
+    c.gates.train_split = NAMES_TRAIN_SPLIT
     c.gates.train_seed = 2  # SFT used seed 0, GRPO seed 1
     c.gates.temperature = 1.0
     c.gates.max_new_tokens = 64
@@ -375,7 +382,7 @@ def _warmstart(_):
 # ------------------------------------------------------------------------------------------------
 # Testbed v2 arms (docs/testbed.md, "Testbed v2"; pre-registered rules in docs/results.md): GRPO
 # from the names warm start on tasks of a seed SFT never used; the primary measure is held-out
-# hidden-name success under the base harness at T = 1 (`eval/coined_heldout/base/hidden/success`).
+# hidden-name success under the base harness at T = 1 (`eval/distinct_heldout/base/hidden/success`).
 
 NAMES_WARMSTART = "assets/testbed_names_warmstart"
 
@@ -385,10 +392,10 @@ def _names_train_base(arm: str) -> ml_collections.ConfigDict:
     c.benchmark.name = "synth_names"
     c.pool = NAMES_POOL
     c.model.hf_dir = NAMES_WARMSTART
-    c.data.train_split = "coined_train"
+    c.data.train_split = NAMES_TRAIN_SPLIT
     c.data.task_seed = 1  # SFT imitated seed 0
-    c.eval.split = "coined_heldout"
-    c.eval.extra_splits = ("coined_train",)
+    c.eval.split = NAMES_HELDOUT_SPLIT
+    c.eval.extra_splits = (NAMES_TRAIN_SPLIT,)
     c.eval.task_seed = 2
     c.eval.limit = 600  # 300 hidden-name tasks per split
     c.eval.greedy = False  # at the trainer's temperature: a shift from 5% to 30% shows before it is the argmax

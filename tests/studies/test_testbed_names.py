@@ -68,7 +68,8 @@ def test_gate_verdicts_follow_the_thresholds():
     assert failed(**{"hidden/heldout/tables_first": (0.5, 0.9)}) == ["G2"]
     assert failed(**{"hidden/heldout/base": (0.10, 0.08)}) == ["G3"]
     assert failed(**{"hidden/heldout/base": (0.05, 0.02)}) == ["G3"]
-    assert failed(**{"hidden/heldout/schema_reminder": (0.70, 0.08)}) == ["G4"]
+    assert failed(**{"hidden/heldout/schema_reminder": (0.34, 0.08)}) == ["G4"]  # G2's 0.5 less 16 points
+    assert failed(**{"hidden/heldout/schema_reminder": (0.96, 0.08)}) == []  # a stronger negative control
 
 
 @pytest.fixture(scope="module")
@@ -126,13 +127,14 @@ def test_names_arms_train_from_the_warm_start(warm_start, tmp_path, arm):
     config.total_steps = 2
     config.eval.limit = 12  # tasks 6-11 hide the table name
     config.eval.at_start = True
+    config.eval.every = 2  # and at the end: an evaluation at step 1 checks nothing more
     unread = never_read(config, lambda: train.main(config, str(tmp_path)))
     assert covered(unread, train.unread(config)) == set()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     final = rows[-1]
     for key in ("hidden/success", "visible/success", "hidden/opens_show_tables"):
-        assert f"eval/coined_heldout/base/{key}" in final
-    assert 0.0 <= final["eval/coined_heldout/base/hidden/opens_show_tables"] <= 1.0
+        assert f"eval/distinct_heldout/base/{key}" in final
+    assert 0.0 <= final["eval/distinct_heldout/base/hidden/opens_show_tables"] <= 1.0
 
 
 def test_every_names_arm_builds_and_the_controls_differ_only_where_they_should():

@@ -20,7 +20,7 @@ from hsjax.harness_s import analysis
 from hsjax.studies.testbed import mechanism
 from hsjax.studies.testbed.runs import Run, by_arm, load_sweep
 
-DEFAULT_SPLIT = "coined_heldout"
+DEFAULT_SPLIT = "distinct_heldout"
 
 
 def keys(split: str) -> tuple[str, str, str]:
