@@ -3,8 +3,8 @@
 The console shows a run's progress: the progress bar, a line per step every few steps, and the
 result. Every log record at INFO and above (orbax, httpx, the voter servers, hsjax itself) goes
 to `<workdir>/log.txt`; the console gets only warnings and errors (less orbax's
-`EXPECTED_WARNINGS`), unless `verbose` brings INFO back (`run.py --verbose`). Both handlers redact every registered secret (`hsjax.infra.secrets`)
-from each record before it is written.
+`EXPECTED_WARNINGS`), unless `verbose` brings INFO back (`run.py --verbose`). Both handlers
+redact every registered secret (`hsjax.infra.secrets`) from each record before it is written.
 """
 from __future__ import annotations
 

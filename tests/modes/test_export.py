@@ -49,8 +49,8 @@ def workdir(tmp_path_factory):
     opt-in AutoTokenizer-exact tokenizer (so a resolver that assumed the default tokenizer would
     give other ids)."""
     w = tmp_path_factory.mktemp("train") / "run"
-    proc = subprocess.run(train_command(w, 1, "--config.model.tokenizer=tiny_qwen2", "--config.optim.warmup_steps=0"), env=env(), cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+    command = train_command(w, 1, "--config.model.tokenizer=tiny_qwen2", "--config.optim.warmup_steps=0")
+    proc = subprocess.run(command, env=env(), cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads((w / "config.json").read_text())["mode"] == "train"
     return w
