@@ -156,7 +156,11 @@ def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, e
     c.optim = ConfigDict({"learning_rate": 1e-6, "warmup_steps": 10, "weight_decay": 0.01, "max_grad_norm": 1.0,
                           "schedule_steps": 0})  # steps of the warm-up + cosine schedule; 0 = total_steps
     c.batch = ConfigDict({"T_buckets": (512, 1024, 2048, 4096, 8192), "micro_batches": 1,
-                          "overlong": "drop"})  # drop | error
+                          "overlong": "drop",  # drop | error
+                          # Rows sorted by length into micro-batches, each cut to its own bucket
+                          # and empty ones skipped (hsjax.rl.batch.group_by_length); off: every row
+                          # at the longest row's bucket, one compiled update per batch shape.
+                          "group_by_length": False})
     c.eval = ConfigDict({"every": 50, "split": eval_split, "extra_splits": (), "limit": 0, "task_seed": 0,
                          "at_start": False})  # also score the starting policy at step 0
     add_sampling(c.eval, greedy=True, max_new_tokens=256)

@@ -306,7 +306,11 @@ def main(config, workdir: str) -> dict:
                 G=config.rollout.groups, n=config.rollout.n, R=S - config.rollout.n,
                 T_buckets=list(config.batch.T_buckets), pad_id=int(pad_id),
                 rescue_context=config.loss.rescue_context, overlong=config.batch.overlong)
-            state, update_metrics = update(state, place(packed))
+            micro_T = None
+            if config.batch.group_by_length:
+                packed, micro_T = batch_lib.group_by_length(packed, config.batch.micro_batches,
+                                                            list(config.batch.T_buckets))
+            state, update_metrics = update(state, place(packed), micro_T=micro_T)
             metrics = step_metrics(groups, rescued, outcomes, update_metrics, rollouts, dapo_stats)
             t_update = time.perf_counter() - t0
 

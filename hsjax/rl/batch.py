@@ -231,3 +231,33 @@ def pack(
         is_rescue_B=slot >= n, valid_B=valid, recontext_B=recontext, overlong_B=overlong_B,
         num_groups=G,
     )
+
+
+def group_by_length(batch: TrainBatch, num_micro_batches: int,
+                    T_buckets: Union[int, Sequence[int]]) -> tuple[TrainBatch, tuple[int, ...]]:
+    """Rows reordered so that each micro-batch holds rows of similar length, and its own length.
+
+    The update pads every row to the batch's longest bucket; with multi-turn episodes one long row
+    triples the cost of all the others, and empty slots (rescues that did not happen) cost as much
+    as full ones. Here the rows are sorted by length, longest first, and micro-batch i (rows i,
+    i + M, ..., as `grpo` splits them) gets the i-th block of that order; the second value gives,
+    per micro-batch, the bucket of its longest row (`bucket_length`), or 0 when it holds only empty
+    slots, which the update then skips. The reordering changes no result: every group statistic
+    of the update goes through `group_B`, never through a row's position.
+    """
+    B = batch.tokens_BxT.shape[0]
+    if num_micro_batches < 1 or B % num_micro_batches:
+        raise ValueError(f"batch of {B} rows does not split into num_micro_batches={num_micro_batches}")
+    length_B = np.asarray(batch.positions_BxT >= 0).sum(axis=1)
+    order = np.argsort(-length_B, kind="stable")
+    rows = B // num_micro_batches
+    # Strided layout: micro-batch i is rows i, i + M, ... (grpo._split_micro), so row j * M + i
+    # takes the j-th row of the i-th block of the sorted order.
+    perm = order.reshape(num_micro_batches, rows).T.reshape(-1)
+    micro_T = tuple(int(bucket_length(int(length_B[block].max()), T_buckets)) if length_B[block].max() else 0
+                    for block in order.reshape(num_micro_batches, rows))
+    reordered = batch.replace(**{
+        field.name: np.asarray(getattr(batch, field.name))[perm]
+        for field in dataclasses.fields(batch)
+        if field.name != "num_groups" and getattr(batch, field.name) is not None})
+    return reordered, micro_T

@@ -7,7 +7,7 @@ contributing sum / global denominator so that the accumulated gradient equals th
 and finally the optimizer update. The math of the loss lives in `losses.py`.
 """
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -92,12 +92,21 @@ def _split_micro(x, num_micro_batches):
 
 
 def compute_grads(params, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
-                  num_micro_batches: int = 1):
-    """Gradient of the batch loss w.r.t. params and the metrics of the batch (no optimizer)."""
+                  num_micro_batches: int = 1, micro_T: Optional[Tuple[int, ...]] = None):
+    """Gradient of the batch loss w.r.t. params and the metrics of the batch (no optimizer).
+
+    `micro_T` (static; from `batch.group_by_length`): per micro-batch, the length its rows are cut
+    to, 0 to skip it (only empty slots). The micro-batches then run one after another, each at its
+    own length, instead of in a `lax.scan` at the batch's length.
+    """
     B = batch.tokens_BxT.shape[0]
     if B % num_micro_batches:
         raise ValueError(f"batch of {B} rows does not split into num_micro_batches="
                          f"{num_micro_batches}; pick a divisor of G * (n + R)")
+    if micro_T is not None and (len(micro_T) != num_micro_batches or not any(micro_T)
+                                or max(micro_T) > batch.tokens_BxT.shape[1]):
+        raise ValueError(f"micro_T={micro_T} must give {num_micro_batches} lengths of at most "
+                         f"T={batch.tokens_BxT.shape[1]}, not all 0")
     if loss_cfg.beta > 0 and batch.ref_logp_BxT is None:
         raise ValueError("loss_cfg.beta > 0 needs batch.ref_logp_BxT (reference-policy logp per "
                          "token); compute it in the loop or set beta=0")
@@ -113,16 +122,16 @@ def compute_grads(params, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
     grad_fn = jax.grad(functools.partial(_micro_loss, cfg=cfg, loss_cfg=loss_cfg,
                                          pg_denominator=pg_denominator), has_aux=True)
 
-    if num_micro_batches == 1:
+    if num_micro_batches == 1 and micro_T is None:
         grads, (terms, extrema) = grad_fn(params, rows)
     else:
         micro_rows = jax.tree.map(lambda x: _split_micro(x, num_micro_batches), rows)
         first = jax.tree.map(lambda x: x[0], micro_rows)
         zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
         grads_shape, (terms_shape, extrema_shape) = jax.eval_shape(grad_fn, params, first)
-        carry0 = (zeros(grads_shape), zeros(terms_shape),
-                  {k: jnp.full((), -jnp.inf if k.endswith("max") else jnp.inf)
-                   for k in extrema_shape})
+        carry = (zeros(grads_shape), zeros(terms_shape),
+                 {k: jnp.full((), -jnp.inf if k.endswith("max") else jnp.inf)
+                  for k in extrema_shape})
 
         def body(carry, mb_rows):
             acc_grads, acc_terms, acc_ext = carry
@@ -133,7 +142,15 @@ def compute_grads(params, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
                        for k in acc_ext}
             return (acc_grads, acc_terms, acc_ext), None
 
-        (grads, terms, extrema), _ = jax.lax.scan(body, carry0, micro_rows)
+        if micro_T is None:
+            carry, _ = jax.lax.scan(body, carry, micro_rows)
+        else:
+            for i, length in enumerate(micro_T):
+                if length:  # cut to the micro-batch's own length: only padding is dropped
+                    mb_rows = jax.tree.map(lambda x: x[i, :, :length] if x.ndim == 3 else x[i],
+                                           micro_rows)
+                    carry, _ = body(carry, mb_rows)
+        grads, terms, extrema = carry
 
     metrics = dict(groups["stats"])
     for name, (total, denominator) in terms.items():
@@ -145,10 +162,11 @@ def compute_grads(params, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
 
 
 def train_step(state: TrainState, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
-               optimizer: Optimizer, num_micro_batches: int = 1):
+               optimizer: Optimizer, num_micro_batches: int = 1,
+               micro_T: Optional[Tuple[int, ...]] = None):
     """One GRPO update; pure. Returns the new state and a dict of scalar metrics."""
     grads, metrics = compute_grads(state.params, batch, cfg=cfg, loss_cfg=loss_cfg,
-                                   num_micro_batches=num_micro_batches)
+                                   num_micro_batches=num_micro_batches, micro_T=micro_T)
     updates, opt_state = optimizer.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     rng, _ = jax.random.split(state.rng)
@@ -160,7 +178,8 @@ def train_step(state: TrainState, batch: TrainBatch, *, cfg, loss_cfg: LossConfi
 
 def jit_train_step(cfg, loss_cfg: LossConfig, optimizer: Optimizer, *, num_micro_batches: int = 1,
                    state_sharding: Optional[Any] = None, batch_sharding: Optional[Any] = None):
-    """`train_step` jit-compiled with the state donated; `fn(state, batch) -> (state, metrics)`.
+    """`train_step` jit-compiled with the state donated; `fn(state, batch, micro_T=None) ->
+    (state, metrics)`, `micro_T` static (one compilation per distinct tuple).
 
     Under a mesh, pass the shardings of the state and of the batch (pytrees of `NamedSharding`
     matching them, e.g. from `hsjax.infra.sharding`); the new state keeps `state_sharding`.
@@ -168,6 +187,7 @@ def jit_train_step(cfg, loss_cfg: LossConfig, optimizer: Optimizer, *, num_micro
     step = functools.partial(train_step, cfg=cfg, loss_cfg=loss_cfg, optimizer=optimizer,
                              num_micro_batches=num_micro_batches)
     if state_sharding is None and batch_sharding is None:
-        return jax.jit(step, donate_argnums=0)
-    return jax.jit(step, donate_argnums=0, in_shardings=(state_sharding, batch_sharding),
+        return jax.jit(step, donate_argnums=0, static_argnames=("micro_T",))
+    return jax.jit(step, donate_argnums=0, static_argnames=("micro_T",),
+                   in_shardings=(state_sharding, batch_sharding),
                    out_shardings=(state_sharding, None))

@@ -3,7 +3,7 @@ import jax
 import numpy as np
 import pytest
 
-from hsjax.rl.batch import GroupRollouts, TrainBatch, bucket_length, pack
+from hsjax.rl.batch import GroupRollouts, TrainBatch, bucket_length, group_by_length, pack
 from hsjax.rollout.engine import Segment, Trajectory
 
 PAD = 0
@@ -132,3 +132,17 @@ def test_empty_batch_is_all_invalid():
     batch = pack([], G=2, n=2, R=1, T_buckets=[16, 32], pad_id=PAD)
     assert isinstance(batch, TrainBatch) and batch.shape == (6, 16)
     assert not batch.valid_B.any() and batch.ref_logp_BxT is None
+
+
+def test_group_by_length_orders_rows_into_micro_batches_and_names_a_bad_split():
+    groups = [GroupRollouts(base=[traj(1.0, 5), traj(0.0, 30)], base_harness=0),
+              GroupRollouts(base=[traj(0.0, 12), traj(1.0, 3)], base_harness=0)]
+    batch = pack(groups, G=3, n=2, R=0, T_buckets=(8, 16, 32), pad_id=PAD)
+    grouped, micro_T = group_by_length(batch, 3, (8, 16, 32))
+    # Lengths 30, 12 | 5, 3 | 0, 0; micro-batch i is rows i and i + 3.
+    assert micro_T == (32, 8, 0)
+    lengths = (grouped.positions_BxT >= 0).sum(1)
+    assert [sorted(lengths[i::3].tolist()) for i in range(3)] == [[12, 30], [3, 5], [0, 0]]
+    assert grouped.reward_B[np.argmax(lengths)] == 0.0 and grouped.num_groups == 3
+    with pytest.raises(ValueError, match="does not split into num_micro_batches=4"):
+        group_by_length(batch, 4, (8, 16, 32))

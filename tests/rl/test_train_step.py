@@ -4,11 +4,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hsjax.rl import grpo
-from hsjax.rl.batch import GroupRollouts, pack
+from hsjax.rl.batch import GroupRollouts, group_by_length, pack
 from hsjax.rl.losses import LossConfig, token_logp
 from hsjax.models.model import forward, init_params
 from hsjax.models.presets import get_preset
@@ -166,6 +167,49 @@ def test_micro_batched_gradients_equal_full_batch():
     for key in full_metrics:
         np.testing.assert_allclose(float(micro_metrics[key]), float(full_metrics[key]),
                                    rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def length_mixed_batch():
+    """16 rows (4 groups x (2 + 2) slots) of 9 to 40 tokens, 9 of them empty, T = 64."""
+    rng = np.random.default_rng(7)
+    groups = [GroupRollouts(base=[traj(1, [40], rng), traj(0, [10], rng)], base_harness=0),
+              GroupRollouts(base=[traj(0, [12], rng), traj(0, [9], rng)], base_harness=0,
+                            rescue=[traj(1, [8, 6], rng)], rescue_harness=[1]),
+              GroupRollouts(base=[traj(0, [14], rng), traj(1, [20], rng)], base_harness=0)]
+    batch = on_policy(pack(groups, G=4, n=2, R=2, T_buckets=(16, 32, 64), pad_id=PAD), params0())
+    return batch.replace(old_logp_BxT=(batch.old_logp_BxT * 1.3).astype(np.float32))
+
+
+def test_grouped_by_length_micro_batches_equal_the_padded_update():
+    batch = length_mixed_batch()
+    grouped, micro_T = group_by_length(batch, 4, (16, 32, 64))
+    # Sorted lengths 40, 20, 14, 14 | 12, 10, 9, 0 | 0 x 8: two micro-batches are skipped.
+    assert batch.shape == (16, 64) and micro_T == (64, 16, 0, 0)
+    rows = lambda b: sorted(  # noqa: E731
+        (int(g), int(s), float(r), tuple(t)) for g, s, r, t in
+        zip(b.group_B, b.slot_B, b.reward_B, np.asarray(b.tokens_BxT)))
+    assert rows(grouped) == rows(batch)  # a reordering, every field moved together
+    loss_cfg = LossConfig(aggregation="sequence_mean", advantage="rloo")
+    full_grads, full_metrics = grads_fn(loss_cfg, 4)(params0(), batch)
+    cut = jax.jit(functools.partial(grpo.compute_grads, cfg=CFG, loss_cfg=loss_cfg,
+                                    num_micro_batches=4, micro_T=micro_T))
+    grads, metrics = cut(params0(), grouped)
+    assert float(full_metrics["pg_clipfrac"]) > 0
+    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(full_grads))
+    assert_trees_close(full_grads, grads, rtol=1e-4, atol=1e-5 * scale)
+    for key in full_metrics:
+        np.testing.assert_allclose(float(metrics[key]), float(full_metrics[key]),
+                                   rtol=1e-5, atol=1e-6, err_msg=key)
+    # The jitted step takes micro_T as a static argument.
+    optimizer = make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=10)
+    step = grpo.jit_train_step(CFG, loss_cfg, optimizer, num_micro_batches=4)
+    _, step_metrics = step(new_state(optimizer), grouped, micro_T=micro_T)
+    np.testing.assert_allclose(float(step_metrics["loss/pg"]), float(full_metrics["loss/pg"]), rtol=1e-5)
+    np.testing.assert_allclose(float(step_metrics["grad_norm"]),
+                               float(optax.tree.norm(full_grads)), rtol=1e-4)
+    with pytest.raises(ValueError, match="not all 0"):
+        grpo.compute_grads(params0(), grouped, cfg=CFG, loss_cfg=loss_cfg, num_micro_batches=4,
+                           micro_T=(0, 0, 0, 0))
 
 
 def test_few_updates_raise_likelihood_of_rewarded_trajectories():
