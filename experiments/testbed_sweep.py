@@ -8,6 +8,10 @@ Each run writes `ROOT/<arm>/seed<k>/` (its log beside it as `run.log`) and, when
 checkpoint (resume is exact, docs/training.md). `warmstart` and `names_warmstart` score the warm
 start once, so they run for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`).
 `ROOT/sweep.jsonl` records each finished run's command, exit code and wall time.
+A finished `names_*` training run's mechanism curve is measured right after it
+(`hsjax.studies.testbed.mechanism`, seconds); `--archive DIR` then copies the files the reports
+read into `DIR/<arm>/seed<k>/` (`runs.archive_run`: no checkpoints, tens of kB), e.g. into
+docs/runs/ to commit them.
 The report: `python -m hsjax.studies.testbed.report --root ROOT --out DIR` (docs/results.md).
 """
 from __future__ import annotations
@@ -23,6 +27,8 @@ import sys
 import threading
 import time
 
+from hsjax.studies.testbed.runs import archive_run
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = REPO / "experiments" / "testbed.py"
 
@@ -31,6 +37,10 @@ def run_command(arm: str, seed: int, warm: str, workdir: pathlib.Path, overrides
     return [sys.executable, str(REPO / "run.py"), f"--config={CONFIG}:{arm}",
             f"--config.model.hf_dir={warm}", f"--config.seed={seed}", f"--workdir={workdir}",
             *[f"--config.{kv}" for kv in overrides]]
+
+
+def mechanism_command(workdir: pathlib.Path) -> list[str]:
+    return [sys.executable, "-m", "hsjax.studies.testbed.mechanism", f"--run={workdir}"]
 
 
 def claim(workdir: pathlib.Path):
@@ -59,6 +69,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--archive", default="", help="copy each finished run's report files here")
     args = parser.parse_args(argv)
     if not (pathlib.Path(args.warm) / "config.json").exists():
         parser.error(f"--warm {args.warm} is not an HF directory (no config.json); build it with "
@@ -85,6 +96,12 @@ def main(argv=None) -> int:
         wall = time.perf_counter() - t0
         if rc == 0:
             (workdir / "DONE").write_text(f"{wall:.1f}\n")
+            if arm.startswith("names_") and arm != "names_warmstart":
+                with open(workdir / "run.log", "a") as log:
+                    rc = subprocess.call(mechanism_command(workdir), stdout=log,
+                                         stderr=subprocess.STDOUT, cwd=REPO)
+            if rc == 0 and args.archive:
+                archive_run(workdir, pathlib.Path(args.archive) / arm / f"seed{seed}")
         with log_lock:
             with open(root / "sweep.jsonl", "a") as f:
                 f.write(json.dumps({"arm": arm, "seed": seed, "rc": rc, "wall_s": round(wall, 1),

@@ -1,4 +1,6 @@
 """The sweep runner's plan and its per-workdir lock (two sweeps must not run one workdir)."""
+import pytest
+
 from hsjax.infra import experiments
 
 sweep = experiments.load("testbed_sweep")
@@ -27,3 +29,25 @@ def test_missing_warm_start_is_refused(tmp_path, capsys):
     else:
         raise AssertionError("a warm start without config.json must be refused")
     assert "not an HF directory" in capsys.readouterr().err
+
+
+def test_an_archived_run_reads_back_as_the_run_without_its_bulk(tmp_path):
+    from hsjax.studies.testbed import runs
+
+    work = tmp_path / "w" / "names_policy_only" / "seed1"
+    (work / "checkpoints" / "5").mkdir(parents=True)
+    (work / "checkpoints" / "5" / "state").write_bytes(b"\0" * 1024)
+    (work / "episodes").mkdir()
+    (work / "episodes" / "step_000001.jsonl").write_text("{}\n")
+    (work / "config.json").write_text('{"seed": 1, "rollout": {"n": 4}}')
+    (work / "metrics.jsonl").write_text('{"step": 1, "rollouts/total": 32}\n{"step": 2, "rollouts/total": 64}\n')
+    (work / "mechanism_logp.json").write_text('{"steps": [0, 2]}')
+    dest = tmp_path / "archive" / "names_policy_only" / "seed1"
+    copied = runs.archive_run(work, dest)
+    assert sorted(p.name for p in copied) == ["config.json", "mechanism_logp.json", "metrics.jsonl"]
+    assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in copied)
+    [run] = runs.load_sweep(tmp_path / "archive")
+    original = runs.load_run(work)
+    assert (run.arm, run.seed, run.metrics, run.config) == (original.arm, 1, original.metrics, original.config)
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
+        runs.archive_run(tmp_path / "nothing", dest)

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import pathlib
 import re
+import shutil
 from typing import Iterator, Sequence
 
 HEADLINE, TRAIN_SPLIT = "synth_heldout", "synth_train"
@@ -95,6 +96,24 @@ def load_run(workdir) -> Run:
     seed = int(m.group(1)) if m else int(config.get("seed", 0))
     arm = workdir.parent.name if m else workdir.name
     return Run(workdir, arm, seed, config, metrics, evals)
+
+
+# What the reports read of a run (hsjax.studies.testbed.names_report, mechanism curves, the router's
+# decisions and profiles): a few tens of kB a run, small enough to keep in the repository.
+ARCHIVED = ("config.json", "metrics.jsonl", "DONE", "mechanism_logp.json", "router_decisions.jsonl",
+            "profiles.json")
+
+
+def archive_run(workdir, dest) -> list[pathlib.Path]:
+    """Copies a finished run's `ARCHIVED` files to `dest` (a `ROOT/<arm>/seed<k>/` of its own), so
+    a sweep's numbers outlive the machine that ran it and `load_sweep` reads the copy as it reads
+    the run. Checkpoints, training episodes and evaluation episodes stay behind."""
+    workdir, dest = pathlib.Path(workdir), pathlib.Path(dest)
+    if not (workdir / "metrics.jsonl").exists():
+        raise FileNotFoundError(f"{workdir} has no metrics.jsonl: nothing to archive")
+    dest.mkdir(parents=True, exist_ok=True)
+    return [pathlib.Path(shutil.copy2(workdir / name, dest / name))
+            for name in ARCHIVED if (workdir / name).exists()]
 
 
 def _arm_order(arm: str) -> tuple[int, str]:
