@@ -4,7 +4,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -200,13 +199,6 @@ def test_grouped_by_length_micro_batches_equal_the_padded_update():
     for key in full_metrics:
         np.testing.assert_allclose(float(metrics[key]), float(full_metrics[key]),
                                    rtol=1e-5, atol=1e-6, err_msg=key)
-    # The jitted step takes micro_T as a static argument.
-    optimizer = make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=10)
-    step = grpo.jit_train_step(CFG, loss_cfg, optimizer, num_micro_batches=4)
-    _, step_metrics = step(new_state(optimizer), grouped, micro_T=micro_T)
-    np.testing.assert_allclose(float(step_metrics["loss/pg"]), float(full_metrics["loss/pg"]), rtol=1e-5)
-    np.testing.assert_allclose(float(step_metrics["grad_norm"]),
-                               float(optax.tree.norm(full_grads)), rtol=1e-4)
     with pytest.raises(ValueError, match="not all 0"):
         grpo.compute_grads(params0(), grouped, cfg=CFG, loss_cfg=loss_cfg, num_micro_batches=4,
                            micro_T=(0, 0, 0, 0))
