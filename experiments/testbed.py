@@ -241,6 +241,9 @@ def gates_config() -> ml_collections.ConfigDict:
     c.gates.temperature = 1.0
     c.gates.max_new_tokens = 64
     c.gates.batch_size = 256
+    # G3's bands (fractions) for the hidden names under base: opening with SHOW TABLES, and success.
+    c.gates.g3_opens = (0.04, 0.12)
+    c.gates.g3_success = (0.02, 0.08)
     return c
 
 

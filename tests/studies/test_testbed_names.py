@@ -70,6 +70,10 @@ def test_gate_verdicts_follow_the_thresholds():
     assert failed(**{"hidden/heldout/base": (0.05, 0.02)}) == ["G3"]
     assert failed(**{"hidden/heldout/schema_reminder": (0.34, 0.08)}) == ["G4"]  # G2's 0.5 less 16 points
     assert failed(**{"hidden/heldout/schema_reminder": (0.96, 0.08)}) == []  # a stronger negative control
+    # Other G3 bands (gates.g3_opens / g3_success): a base that never finds the table itself.
+    never = gates.verdicts(cells(**{"hidden/heldout/base": (0.0, 0.01)}), (0.0, 0.01), (0.0, 0.005))
+    assert never["G3"]["pass"] and "0-1%" in never["G3"]["rule"] and "0-0.5%" in never["G3"]["rule"]
+    assert not gates.verdicts(cells(**{"hidden/heldout/base": (0.01, 0.01)}), (0.0, 0.01), (0.0, 0.005))["G3"]["pass"]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ temperature, on `gates.tasks_per_cell` tasks per cell:
     G1  visible names under base: held-out success >= 50%, within 10 points of the training words
     G2  hidden names under tables_first: opens with SHOW TABLES 60-80% of episodes, succeeds >= 40%
     G3  hidden names under base: opens with SHOW TABLES 4-12%, succeeds 2-8% (so most groups of 4
-        fail entirely and need a rescue)
+        fail entirely and need a rescue); the bands are `gates.g3_opens` and `gates.g3_success`
     G4  hidden names under schema_reminder: success within 15 points of G2's
 Prints the table, writes `W/gates.json`. With `model.checkpoint` (a training workdir) it measures a
 trained policy the same way: the opening rate under base on hidden held-out names is the mechanism.
@@ -46,13 +46,16 @@ def cell_tasks(bench, split: str, seed: int, hidden: bool, n: int) -> list:
     return tasks[:n]
 
 
-def verdicts(cells: dict) -> dict[str, dict]:
-    """{gate: {"pass": bool, "rule": text}} from the cells' success and opening rates (fractions)."""
+def verdicts(cells: dict, g3_opens=(0.04, 0.12), g3_success=(0.02, 0.08)) -> dict[str, dict]:
+    """{gate: {"pass": bool, "rule": text}} from the cells' success and opening rates (fractions);
+    G3's bands are the config's `gates.g3_opens` / `gates.g3_success` (v2's by default)."""
     s = {name: c["success"] for name, c in cells.items()}
     o = {name: c["opens_show_tables"] for name, c in cells.items()}
     g1 = s["visible/heldout/base"] >= 0.5 and abs(s["visible/heldout/base"] - s["visible/train/base"]) <= 0.10
     g2 = 0.6 <= o["hidden/heldout/tables_first"] <= 0.8 and s["hidden/heldout/tables_first"] >= 0.4
-    g3 = 0.04 <= o["hidden/heldout/base"] <= 0.12 and 0.02 <= s["hidden/heldout/base"] <= 0.08
+    g3 = (g3_opens[0] <= o["hidden/heldout/base"] <= g3_opens[1]
+          and g3_success[0] <= s["hidden/heldout/base"] <= g3_success[1])
+    band = lambda lo_hi: f"{100 * lo_hi[0]:g}-{100 * lo_hi[1]:g}%"  # noqa: E731
     # One-sided (amended 2026-12-03, docs/results.md): the negative control must rescue about as
     # often as the positive one, so that its failing to transfer is not for want of rescues; more
     # often is a stricter control. With an exact copy schema_reminder recovers every guess (~96%)
@@ -61,7 +64,8 @@ def verdicts(cells: dict) -> dict[str, dict]:
     g4 = s["hidden/heldout/schema_reminder"] >= s["hidden/heldout/tables_first"] - 0.15
     return {"G1": {"pass": g1, "rule": "visible held-out under base >= 50%, within 10 points of training words"},
             "G2": {"pass": g2, "rule": "hidden under tables_first: opens SHOW TABLES 60-80%, success >= 40%"},
-            "G3": {"pass": g3, "rule": "hidden under base: opens SHOW TABLES 4-12%, success 2-8%"},
+            "G3": {"pass": g3, "rule": f"hidden under base: opens SHOW TABLES {band(g3_opens)}, "
+                                       f"success {band(g3_success)}"},
             "G4": {"pass": g4, "rule": "hidden under schema_reminder: success at least G2's less 15 points"}}
 
 
@@ -99,7 +103,7 @@ def main(config, workdir: str) -> dict:
         episodes += [{"cell": name, "task_id": t.result["task_id"], "success": t.result["success"],
                       "failure_mode": t.result["failure_mode"], "replies": [x["text"] for x in t.turns]}
                      for t in part]
-    gates = verdicts(cells)
+    gates = verdicts(cells, tuple(g.g3_opens), tuple(g.g3_success))
     print(format_gates(cells, gates), flush=True)
     out = {"cells": cells, "gates": gates, "temperature": g.temperature, "episodes": episodes}
     metrics_lib.write_json(os.path.join(workdir, "gates.json"), out)
