@@ -512,7 +512,28 @@ def _arm_gpu(c: ml_collections.ConfigDict) -> None:
     c.model.attention_impl = "cudnn"
 
 
-ARM_MODIFIERS = {"smoke": _arm_smoke, "gpu": _arm_gpu}
+# Testbed v3 (docs/results.md, "Testbed v3"): v2's arms from a warm start whose base harness never
+# finds a hidden table itself (v2's SFT continued with `regime.show_rate_base = 0`), gated with a
+# G3 of its own on 300 tasks a cell.
+NAMES_V3_WARMSTART = "assets/testbed_names_v3_warmstart"
+
+
+def _arm_v3(c: ml_collections.ConfigDict) -> None:
+    if c.benchmark.name != "synth_names":
+        raise ValueError("the v3 modifier applies to the names_* arms only")
+    c.model.hf_dir = NAMES_V3_WARMSTART
+
+
+def gates_v3_config() -> ml_collections.ConfigDict:
+    c = gates_config()
+    c.model.hf_dir = NAMES_V3_WARMSTART
+    c.gates.tasks_per_cell = 300
+    c.gates.g3_opens = (0.0, 0.01)
+    c.gates.g3_success = (0.0, 0.0034)  # at most 1 of 300
+    return c
+
+
+ARM_MODIFIERS = {"smoke": _arm_smoke, "gpu": _arm_gpu, "v3": _arm_v3}
 
 
 
@@ -522,6 +543,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         return demo_config()
     if variants == ["gates"]:
         return gates_config()
+    if sorted(variants) == ["gates", "v3"]:
+        return gates_v3_config()
     arms = [v for v in variants if v in TRAIN_ARMS]
     if len(arms) > 1:
         raise ValueError(f"name one training arm, got {arms}")
