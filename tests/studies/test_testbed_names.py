@@ -3,6 +3,7 @@ config asks for, a short SFT writes a warm start, the gates measure it and judge
 thresholds, and every training arm of the regime runs from it (docs/testbed.md, "Testbed v2")."""
 import collections
 import json
+import pathlib
 
 import jax
 import numpy as np
@@ -19,6 +20,7 @@ from hsjax.studies.testbed import gates, mechanism, warmstart
 from tests.modes.test_config_reads import covered, never_read
 
 testbed = experiments.load("testbed")
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_the_sft_mix_plants_the_configured_shares():
@@ -152,6 +154,16 @@ def test_every_names_arm_builds_and_the_controls_differ_only_where_they_should()
     assert tuple(arms["names_schema_reminder"].rescue.siblings) == ("schema_reminder",)
     assert arms["names_policy_only_n6"].rollout.n == 6
     assert tuple(arms["names_harness_s"].router.local_voters) == ()
+    # Testbed v3: the same arms from another shipped warm start, gated with its own G3.
+    v3 = experiments.get_config("testbed", "names_harness_s_base,v3")
+    assert v3.model.hf_dir == testbed.NAMES_V3_WARMSTART != arms["names_harness_s_base"].model.hf_dir
+    assert (REPO / testbed.NAMES_V3_WARMSTART / "model.safetensors").exists()
+    assert v3.to_dict() | {"model": None} == arms["names_harness_s_base"].to_dict() | {"model": None}
+    gates_v3 = experiments.get_config("testbed", "gates,v3")
+    assert gates_v3.model.hf_dir == testbed.NAMES_V3_WARMSTART and gates_v3.gates.tasks_per_cell == 300
+    assert tuple(gates_v3.gates.g3_success) == (0.0, 0.0034)
+    with pytest.raises(ValueError, match="names_\\* arms only"):
+        experiments.get_config("testbed", "policy_only,v3")
 
 
 def test_reply_logp_is_each_rows_own_teacher_forced_sum(warm_start):
