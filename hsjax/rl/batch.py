@@ -254,8 +254,8 @@ def group_by_length(batch: TrainBatch, num_micro_batches: int,
     # Strided layout: micro-batch i is rows i, i + M, ... (grpo._split_micro), so row j * M + i
     # takes the j-th row of the i-th block of the sorted order.
     perm = order.reshape(num_micro_batches, rows).T.reshape(-1)
-    micro_T = tuple(int(bucket_length(int(length_B[block].max()), T_buckets)) if length_B[block].max() else 0
-                    for block in order.reshape(num_micro_batches, rows))
+    longest = length_B[order].reshape(num_micro_batches, rows).max(axis=1)
+    micro_T = tuple(int(bucket_length(int(n), T_buckets)) if n else 0 for n in longest)
     reordered = batch.replace(**{
         field.name: np.asarray(getattr(batch, field.name))[perm]
         for field in dataclasses.fields(batch)

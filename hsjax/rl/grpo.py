@@ -186,8 +186,7 @@ def jit_train_step(cfg, loss_cfg: LossConfig, optimizer: Optimizer, *, num_micro
     """
     step = functools.partial(train_step, cfg=cfg, loss_cfg=loss_cfg, optimizer=optimizer,
                              num_micro_batches=num_micro_batches)
-    if state_sharding is None and batch_sharding is None:
-        return jax.jit(step, donate_argnums=0, static_argnames=("micro_T",))
-    return jax.jit(step, donate_argnums=0, static_argnames=("micro_T",),
-                   in_shardings=(state_sharding, batch_sharding),
-                   out_shardings=(state_sharding, None))
+    shardings = {}
+    if state_sharding is not None or batch_sharding is not None:
+        shardings = dict(in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None))
+    return jax.jit(step, donate_argnums=0, static_argnames=("micro_T",), **shardings)

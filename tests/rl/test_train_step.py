@@ -83,6 +83,15 @@ def assert_trees_close(a, b, rtol=1e-5, atol=1e-7):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
+def assert_same_update(want_grads, want_metrics, grads, metrics):
+    """Gradients equal up to float order (tolerance relative to the largest entry), metrics too."""
+    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(want_grads))
+    assert_trees_close(want_grads, grads, rtol=1e-4, atol=1e-5 * scale)
+    for key in want_metrics:
+        np.testing.assert_allclose(float(metrics[key]), float(want_metrics[key]),
+                                   rtol=1e-5, atol=1e-6, err_msg=key)
+
+
 def new_state(optimizer):
     return grpo.init_train_state(jax.tree.map(jnp.array, params0()), optimizer, jax.random.key(1))
 
@@ -161,11 +170,7 @@ def test_micro_batched_gradients_equal_full_batch():
     full_grads, full_metrics = grads_fn(loss_cfg)(params0(), batch)
     micro_grads, micro_metrics = grads_fn(loss_cfg, micro)(params0(), batch)
     assert float(full_metrics["pg_clipfrac"]) > 0
-    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(full_grads))
-    assert_trees_close(full_grads, micro_grads, rtol=1e-4, atol=1e-5 * scale)
-    for key in full_metrics:
-        np.testing.assert_allclose(float(micro_metrics[key]), float(full_metrics[key]),
-                                   rtol=1e-5, atol=1e-6, err_msg=key)
+    assert_same_update(full_grads, full_metrics, micro_grads, micro_metrics)
 
 
 def length_mixed_batch():
@@ -194,11 +199,7 @@ def test_grouped_by_length_micro_batches_equal_the_padded_update():
                                     num_micro_batches=4, micro_T=micro_T))
     grads, metrics = cut(params0(), grouped)
     assert float(full_metrics["pg_clipfrac"]) > 0
-    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(full_grads))
-    assert_trees_close(full_grads, grads, rtol=1e-4, atol=1e-5 * scale)
-    for key in full_metrics:
-        np.testing.assert_allclose(float(metrics[key]), float(full_metrics[key]),
-                                   rtol=1e-5, atol=1e-6, err_msg=key)
+    assert_same_update(full_grads, full_metrics, grads, metrics)
     with pytest.raises(ValueError, match="not all 0"):
         grpo.compute_grads(params0(), grouped, cfg=CFG, loss_cfg=loss_cfg, num_micro_batches=4,
                            micro_T=(0, 0, 0, 0))
