@@ -8,8 +8,8 @@ Each run writes `ROOT/<arm>/seed<k>/` (its log beside it as `run.log`) and, when
 checkpoint (resume is exact, docs/training.md). `warmstart` and `names_warmstart` score the warm
 start once, so they run for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`).
 `ROOT/sweep.jsonl` records each finished run's command, exit code and wall time.
-A finished `names_*` training run's mechanism curve is measured right after it
-(`hsjax.studies.testbed.mechanism`, seconds); `--archive DIR` then copies the files the reports
+A finished `names_*` training run's mechanism curve and behaviour are measured right after it
+(`hsjax.studies.testbed.mechanism`, `names_behaviour`: seconds); `--archive DIR` then copies the files the reports
 read into `DIR/<arm>/seed<k>/` (`runs.archive_run`: no checkpoints, tens of kB), e.g. into
 docs/runs/ to commit them.
 The report: `python -m hsjax.studies.testbed.report --root ROOT --out DIR` (docs/results.md).
@@ -39,8 +39,13 @@ def run_command(arm: str, seed: int, warm: str, workdir: pathlib.Path, overrides
             *[f"--config.{kv}" for kv in overrides]]
 
 
-def mechanism_command(workdir: pathlib.Path) -> list[str]:
-    return [sys.executable, "-m", "hsjax.studies.testbed.mechanism", f"--run={workdir}"]
+def analysis_commands(arm: str, workdir: pathlib.Path) -> list[list[str]]:
+    """What a finished `names_*` run is measured by after training: its mechanism curve (trained arms
+    only: the curve is over checkpoints) and its behaviour at the last evaluation."""
+    if not arm.startswith("names_"):
+        return []
+    modules = (["mechanism"] if arm != "names_warmstart" else []) + ["names_behaviour"]
+    return [[sys.executable, "-m", f"hsjax.studies.testbed.{m}", f"--run={workdir}"] for m in modules]
 
 
 def claim(workdir: pathlib.Path):
@@ -96,10 +101,9 @@ def main(argv=None) -> int:
         wall = time.perf_counter() - t0
         if rc == 0:
             (workdir / "DONE").write_text(f"{wall:.1f}\n")
-            if arm.startswith("names_") and arm != "names_warmstart":
+            for analysis in analysis_commands(arm, workdir):
                 with open(workdir / "run.log", "a") as log:
-                    rc = subprocess.call(mechanism_command(workdir), stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=REPO)
+                    rc = rc or subprocess.call(analysis, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
             if rc == 0 and args.archive:
                 archive_run(workdir, pathlib.Path(args.archive) / arm / f"seed{seed}")
         with log_lock:

@@ -51,3 +51,10 @@ def test_an_archived_run_reads_back_as_the_run_without_its_bulk(tmp_path):
     assert (run.arm, run.seed, run.metrics, run.config) == (original.arm, 1, original.metrics, original.config)
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
         runs.archive_run(tmp_path / "nothing", dest)
+
+
+def test_names_runs_are_measured_after_training(tmp_path):
+    modules = lambda arm: [cmd[2].rsplit(".", 1)[1] for cmd in sweep.analysis_commands(arm, tmp_path)]
+    assert modules("names_harness_s") == ["mechanism", "names_behaviour"]
+    assert modules("names_warmstart") == ["names_behaviour"]  # no checkpoints: no mechanism curve
+    assert modules("policy_only") == []  # the first regime has its own report

@@ -1,5 +1,6 @@
-"""The testbed v2 report: the arms table, the equal-rollout comparison, the mechanism curves and the
-verdict read off the pre-registered rules (docs/results.md, "Testbed v2").
+"""The names regime's report (testbeds v2 and v3): the arms table, the equal-rollout comparison, the
+mechanism curves, the behaviour table and the verdict read off the pre-registered rules
+(docs/results.md, "Testbed v2").
 
     python -m hsjax.studies.testbed.names_report --root W --gates W_gates/gates.json --out DIR
 
@@ -7,6 +8,7 @@ verdict read off the pre-registered rules (docs/results.md, "Testbed v2").
 `DIR/names_report.json` and `DIR/names_mechanism.png` (SHOW TABLES opening rate under base on hidden
 held-out names against cumulative executor rollouts, one line per arm and seed; beside it the
 teacher-forced log p of that opening for the runs measured with `hsjax.studies.testbed.mechanism`).
+The behaviour table pools each arm's seeds' `names_behaviour.json` (`hsjax.studies.testbed.names_behaviour`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import statistics
 from typing import Sequence
 
 from hsjax.harness_s import analysis
-from hsjax.studies.testbed import mechanism
+from hsjax.studies.testbed import mechanism, names_behaviour
 from hsjax.studies.testbed.runs import Run, by_arm, load_sweep
 
 DEFAULT_SPLIT = "distinct_heldout"
@@ -139,6 +141,16 @@ def logp_curves(runs: Sequence[Run]) -> dict[str, dict]:
     return out
 
 
+def behaviours(runs: Sequence[Run]) -> dict[str, dict]:
+    """{arm: its seeds' names_behaviour.json pooled} for the runs that have one."""
+    out: dict[str, list[dict]] = {}
+    for r in runs:
+        path = r.workdir / names_behaviour.OUTPUT
+        if path.exists():
+            out.setdefault(r.arm, []).append(json.loads(path.read_text()))
+    return {arm: names_behaviour.pool_runs(bs) for arm, bs in out.items()}
+
+
 def plot_mechanism(runs: Sequence[Run], curves: dict[str, dict], path: str) -> None:
     """Left: the sampled opening rate at each evaluation; right (`curves` from `logp_curves`, when
     any run was measured): the teacher-forced log p of that opening on fixed prompts."""
@@ -167,33 +179,46 @@ def plot_mechanism(runs: Sequence[Run], curves: dict[str, dict], path: str) -> N
     plt.close(fig)
 
 
+def report(root, out_dir, gates_path=None) -> dict:
+    """Reads the `names_*` runs under `root`, writes `out_dir/names_report.json` and
+    `out_dir/names_mechanism.png`, and returns the report with its tables as `markdown`."""
+    runs = [r for r in load_sweep(root) if r.arm.startswith("names_")]
+    gates = json.loads(open(gates_path).read()) if gates_path else None
+    gates_pass = all(g["pass"] for g in gates["gates"].values()) if gates else None
+    table = arm_table(runs)
+    warm = table.pop("names_warmstart", None)
+    budget, equal = equal_rollouts(runs)
+    result = verdict(table, gates_pass, mean(warm["guardrail"]) if warm else None)
+    os.makedirs(out_dir, exist_ok=True)
+    curves = logp_curves(runs)
+    behaviour = behaviours(runs)
+    plot_mechanism(runs, curves, os.path.join(out_dir, "names_mechanism.png"))
+    parts = [format_table(({"names_warmstart": warm} if warm else {}) | table, equal, budget),
+             "```\n" + json.dumps(result, indent=1) + "\n```"]
+    if curves:
+        parts.append("| run | log p of the SHOW TABLES opening: first -> last checkpoint (nats) |\n|---|---|\n"
+                     + "\n".join(f"| {label} | {c['mean_logp'][0]:.2f} -> {c['mean_logp'][-1]:.2f} "
+                                  f"(step {c['steps'][-1]}) |" for label, c in curves.items()))
+    if behaviour:
+        parts.append(names_behaviour.markdown([(f"{arm} ({b['runs']} seed{'s' * (b['runs'] > 1)})", b)
+                                               for arm, b in behaviour.items()]))
+    out = {"table": table, "behaviour": behaviour, "warmstart": warm,
+           "equal_rollouts": {"budget": budget, "primary": equal}, "verdict": result,
+           "logp_curves": {k: {"steps": c["steps"], "rollouts": c["rollouts"], "mean_logp": c["mean_logp"]}
+                           for k, c in curves.items()}}
+    with open(os.path.join(out_dir, "names_report.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    return out | {"markdown": "\n\n".join(parts)}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", required=True)
     parser.add_argument("--gates", default="", help="the warm start's gates.json")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    runs = [r for r in load_sweep(args.root) if r.arm.startswith("names_")]
-    gates = json.loads(open(args.gates).read()) if args.gates else None
-    gates_pass = all(g["pass"] for g in gates["gates"].values()) if gates else None
-    table = arm_table(runs)
-    warm = table.pop("names_warmstart", None)
-    budget, equal = equal_rollouts(runs)
-    result = verdict(table, gates_pass, mean(warm["guardrail"]) if warm else None)
-    os.makedirs(args.out, exist_ok=True)
-    curves = logp_curves(runs)
-    plot_mechanism(runs, curves, os.path.join(args.out, "names_mechanism.png"))
-    print(format_table(({"names_warmstart": warm} if warm else {}) | table, equal, budget))
-    print(json.dumps(result, indent=1))
-    if curves:
-        print("| run | log p of the SHOW TABLES opening: first -> last checkpoint (nats) |\n|---|---|")
-        for label, c in curves.items():
-            print(f"| {label} | {c['mean_logp'][0]:.2f} -> {c['mean_logp'][-1]:.2f} (step {c['steps'][-1]}) |")
-    out = {"table": table, "warmstart": warm, "equal_rollouts": {"budget": budget, "primary": equal},
-           "verdict": result, "logp_curves": {k: {"steps": c["steps"], "rollouts": c["rollouts"],
-                                                  "mean_logp": c["mean_logp"]} for k, c in curves.items()}}
-    with open(os.path.join(args.out, "names_report.json"), "w") as f:
-        json.dump(out, f, indent=1)
+    out = report(args.root, args.out, args.gates or None)
+    print(out["markdown"])
     return out
 
 

@@ -98,10 +98,10 @@ def load_run(workdir) -> Run:
     return Run(workdir, arm, seed, config, metrics, evals)
 
 
-# What the reports read of a run (hsjax.studies.testbed.names_report, mechanism curves, the router's
-# decisions and profiles): a few tens of kB a run, small enough to keep in the repository.
-ARCHIVED = ("config.json", "metrics.jsonl", "DONE", "mechanism_logp.json", "router_decisions.jsonl",
-            "profiles.json")
+# What the reports read of a run (hsjax.studies.testbed.names_report, mechanism curves, behaviour
+# summaries, the router's decisions and profiles): a few tens of kB a run, small enough to keep in the repository.
+ARCHIVED = ("config.json", "metrics.jsonl", "DONE", "mechanism_logp.json", "names_behaviour.json",
+            "router_decisions.jsonl", "profiles.json")
 
 
 def archive_run(workdir, dest) -> list[pathlib.Path]:
