@@ -288,6 +288,9 @@ def test_notebook_runs_against_the_sweep(sweep, tmp_path, monkeypatch):
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "policy_only" in text and "image/png" in text
     assert (tmp_path / "report" / "curves.png").exists()
+    # the names regime's section reads the archived v3 runs committed under docs/runs/
+    assert "names_tables_first_base" in text and "SHOW TABLES after a failed first statement" in text
+    assert (tmp_path / "report" / "names" / "names_mechanism.png").exists()
 
 
 def test_dapo_totals_count_dropped_groups():
