@@ -536,6 +536,36 @@ def gates_v3_config() -> ml_collections.ConfigDict:
 ARM_MODIFIERS = {"smoke": _arm_smoke, "gpu": _arm_gpu, "v3": _arm_v3}
 
 
+def names_rank1_config(smoke: bool = False) -> ml_collections.ConfigDict:
+    """Rank-1 on the names regime (mode rank1, hsjax/harness_s/rank1.py): per held-out task the
+    router picks one harness of the names pool, beside the base harness at equal executor rollouts
+    (2 a task: a base probe, then the router's choice given the probe's failure mode).
+
+    The policy is the v3 warm start; `--config.policy.checkpoint=W_run` plays a trained run's last
+    checkpoint and `--config.rank1.profiles=W_run/profiles.json` reuses that run's trained router
+    (rescue rates by task type and base failure mode, re-anchored during training). Without
+    profiles they are fitted on `rank1.profile_limit` training-words tasks, every harness once.
+    Both splits are read at task seed 0: the gates' held-out tasks, SFT's training tasks."""
+    c = experiments.load("evolve").rank1_config()
+    c.name = "names_rank1"
+    c.benchmark = common.benchmark("synth_names")
+    c.policy = common.policy("jax")
+    c.policy.hf_dir = NAMES_V3_WARMSTART
+    c.policy.checkpoint = NAMES_V3_WARMSTART
+    c.sampling = common.sampling(greedy=False, temperature=1.0, max_new_tokens=64)  # the trainer's T
+    c.runner = common.runner(batch_size=256, max_context_tokens=1024)
+    c.rank1.pool = NAMES_POOL
+    c.rank1.split = NAMES_HELDOUT_SPLIT
+    c.rank1.limit = 150  # 72 hidden-name tasks; 600 episodes, about 5 minutes on the 2-core CPU
+    c.rank1.profile_split = NAMES_TRAIN_SPLIT
+    c.rank1.profile_limit = 60  # x 8 harnesses: 480 episodes
+    c.rank1.rollouts = 2
+    c.rank1.probe = "base"
+    if smoke:
+        c.rank1.limit, c.rank1.profile_limit = 8, 2  # tasks 0-5 show the table name, 6-7 hide it
+    return c
+
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variants = common.variants(arg)
@@ -545,6 +575,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         return gates_config()
     if sorted(variants) == ["gates", "v3"]:
         return gates_v3_config()
+    if variants and variants[0] == "names_rank1":
+        if set(variants[1:]) - {"smoke"}:
+            raise ValueError(f"names_rank1 combines with 'smoke' only, got {variants[1:]}")
+        return names_rank1_config(smoke="smoke" in variants)
     arms = [v for v in variants if v in TRAIN_ARMS]
     if len(arms) > 1:
         raise ValueError(f"name one training arm, got {arms}")

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from harness_envs.synth import names
 from hsjax.studies.testbed import names_report as nr
 
 
@@ -78,3 +79,25 @@ def test_logp_curves_are_read_plotted_and_summarised(tmp_path, capsys):
     assert out["logp_curves"] == {"names_tables_first_base s1": {k: curve[k] for k in ("steps", "rollouts", "mean_logp")}}
     assert "| names_tables_first_base s1 | -9.00 -> -2.25 (step 10) |" in capsys.readouterr().out
     assert (tmp_path / "out" / "names_mechanism.png").stat().st_size > 0
+
+
+def test_rank1_outputs_are_split_by_hidden_and_visible_names(tmp_path, capsys):
+    sweep(tmp_path, names_policy_only=0.10, names_tables_first_base=0.45)
+    hidden = len(names.NAMES_TYPES)  # the second block of task types hides the table name
+    task = lambda i, chosen, base, r1: {"task_id": f"distinct_heldout-s0-{i:05d}", "chosen": chosen,
+                                        "base_success": base > 0, "base_successes": base,
+                                        "rank1_success": r1 > 0, "rank1_successes": r1}
+    out = {"rollouts_per_task": 2, "tasks": [task(0, "base", 2, 2), task(1, "base", 1, 1),
+                                             task(hidden, "tables_first", 0, 1), task(hidden + 1, "schema_reminder", 0, 0)]}
+    path = tmp_path / "names_rank1.json"
+    path.write_text(json.dumps(out))
+    slices = nr.rank1_slices(out)
+    assert slices["hidden"] == {"tasks": 2, "base": {"solved": 0.0, "per_rollout": 0.0},
+                                "rank1": {"solved": 0.5, "per_rollout": 0.25},
+                                "choices": {"tables_first": 1, "schema_reminder": 1}}
+    assert slices["visible"]["base"] == {"solved": 1.0, "per_rollout": 0.75}
+    report = nr.main(["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--rank1", f"warm={path}"])
+    assert report["rank1"] == {"warm": slices}
+    assert "| warm | hidden | 2 | 0.0 (0.0) | 50.0 (25.0) | tables_first 1, schema_reminder 1 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        nr.main(["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--rank1", str(path)])

@@ -13,11 +13,13 @@ The behaviour table pools each arm's seeds' `names_behaviour.json` (`hsjax.studi
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
 from typing import Sequence
 
+from harness_envs.synth import names
 from hsjax.harness_s import analysis
 from hsjax.studies.testbed import mechanism, names_behaviour
 from hsjax.studies.testbed.runs import Run, by_arm, load_sweep
@@ -151,6 +153,36 @@ def behaviours(runs: Sequence[Run]) -> dict[str, dict]:
     return {arm: names_behaviour.pool_runs(bs) for arm, bs in out.items()}
 
 
+def rank1_slices(rank1_out: dict) -> dict:
+    """A names Rank-1 output (`experiments/testbed.py:names_rank1`, W/eval/names_rank1.json) by
+    hidden/visible table name: per arm the share of tasks solved in any rollout and the mean success
+    per rollout, and which harness the router chose."""
+    rollouts = int(rank1_out["rollouts_per_task"])
+    out: dict = {}
+    for name, hidden in (("hidden", True), ("visible", False)):
+        tasks = [t for t in rank1_out["tasks"] if names.is_hidden(names.task_index(t["task_id"])) == hidden]
+        if not tasks:
+            continue
+        out[name] = {"tasks": len(tasks),
+                     **{arm: {"solved": mean([float(t[f"{arm}_success"]) for t in tasks]),
+                              "per_rollout": sum(t[f"{arm}_successes"] for t in tasks) / (rollouts * len(tasks))}
+                        for arm in ("base", "rank1")},
+                     "choices": dict(collections.Counter(t["chosen"] for t in tasks).most_common())}
+    return out
+
+
+def format_rank1(rows: dict[str, dict]) -> str:
+    """{label: rank1_slices(...)} as one markdown table."""
+    lines = ["| Rank-1 run | slice | tasks | base: solved % (per rollout %) | Rank-1: solved % (per rollout %) "
+             "| router's choices |", "|---|---|---|---|---|---|"]
+    for label, slices in rows.items():
+        for name, v in slices.items():
+            cells = [f"{100 * v[a]['solved']:.1f} ({100 * v[a]['per_rollout']:.1f})" for a in ("base", "rank1")]
+            choices = ", ".join(f"{h} {n}" for h, n in v["choices"].items())
+            lines.append(f"| {label} | {name} | {v['tasks']} | {cells[0]} | {cells[1]} | {choices} |")
+    return "\n".join(lines)
+
+
 def plot_mechanism(runs: Sequence[Run], curves: dict[str, dict], path: str) -> None:
     """Left: the sampled opening rate at each evaluation; right (`curves` from `logp_curves`, when
     any run was measured): the teacher-forced log p of that opening on fixed prompts."""
@@ -179,7 +211,7 @@ def plot_mechanism(runs: Sequence[Run], curves: dict[str, dict], path: str) -> N
     plt.close(fig)
 
 
-def report(root, out_dir, gates_path=None) -> dict:
+def report(root, out_dir, gates_path=None, rank1: dict[str, str] | None = None) -> dict:
     """Reads the `names_*` runs under `root`, writes `out_dir/names_report.json` and
     `out_dir/names_mechanism.png`, and returns the report with its tables as `markdown`."""
     runs = [r for r in load_sweep(root) if r.arm.startswith("names_")]
@@ -202,7 +234,10 @@ def report(root, out_dir, gates_path=None) -> dict:
     if behaviour:
         parts.append(names_behaviour.markdown([(f"{arm} ({b['runs']} seed{'s' * (b['runs'] > 1)})", b)
                                                for arm, b in behaviour.items()]))
-    out = {"table": table, "behaviour": behaviour, "warmstart": warm,
+    rank1_rows = {label: rank1_slices(json.loads(open(path).read())) for label, path in (rank1 or {}).items()}
+    if rank1_rows:
+        parts.append(format_rank1(rank1_rows))
+    out = {"table": table, "behaviour": behaviour, "warmstart": warm, "rank1": rank1_rows,
            "equal_rollouts": {"budget": budget, "primary": equal}, "verdict": result,
            "logp_curves": {k: {"steps": c["steps"], "rollouts": c["rollouts"], "mean_logp": c["mean_logp"]}
                            for k, c in curves.items()}}
@@ -216,8 +251,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--root", required=True)
     parser.add_argument("--gates", default="", help="the warm start's gates.json")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--rank1", action="append", default=[], metavar="LABEL=PATH",
+                        help="a names Rank-1 output (W/eval/names_rank1.json) to tabulate by slice")
     args = parser.parse_args(argv)
-    out = report(args.root, args.out, args.gates or None)
+    rank1 = {}
+    for item in args.rank1:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not path:
+            parser.error(f"--rank1 {item!r}: give LABEL=PATH, e.g. warm=W/eval/names_rank1.json")
+        rank1[label] = path
+    out = report(args.root, args.out, args.gates or None, rank1)
     print(out["markdown"])
     return out
 
