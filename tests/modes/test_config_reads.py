@@ -93,21 +93,6 @@ def test_evolve_and_rank1_read_their_configs(tmp_path):
     assert covered(unread, rank1.unread(config)) == set()
 
 
-def test_names_rank1_reads_its_config_and_plays_the_warm_start(tmp_path):
-    """The names regime's Rank-1 (experiments/testbed.py:names_rank1) with the shipped v3 warm start:
-    every key read, and the policy really plays (it solves visible-name tasks, 98% at T = 1)."""
-    import json
-
-    from hsjax.studies.testbed import names_report
-
-    config = experiments.get_config("testbed", "names_rank1,smoke")
-    unread = never_read(config, lambda: rank1.main(config, str(tmp_path / "rank1")))
-    assert covered(unread, rank1.unread(config)) == set()
-    slices = names_report.rank1_slices(json.loads((tmp_path / "rank1" / "eval" / "names_rank1.json").read_text()))
-    assert (slices["hidden"]["tasks"], slices["visible"]["tasks"]) == (2, 6)
-    assert slices["visible"]["base"]["solved"] > 0
-
-
 def test_train_reads_its_config(tmp_path):
     config = experiments.get_config("dbbench", "smoke,harness_s")
     config.total_steps = 2
