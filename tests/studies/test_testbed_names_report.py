@@ -101,3 +101,24 @@ def test_rank1_outputs_are_split_by_hidden_and_visible_names(tmp_path, capsys):
     assert "| warm | hidden | 2 | 0.0 (0.0) | 50.0 (25.0) | tables_first 1, schema_reminder 1 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         nr.main(["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--rank1", str(path)])
+
+
+def test_the_router_summary_pools_decisions_and_final_profiles(tmp_path, capsys):
+    sweep(tmp_path, names_policy_only=0.10, names_harness_s=0.45)
+    decisions = [{"step": 0, "harnesses": ["base_copy", "lenient_parse"]},
+                 {"step": 2, "harnesses": ["tables_first", "schema_reminder"]},
+                 {"step": 3, "harnesses": ["tables_first", "schema_reminder"]}]
+    profiles = {"prior": [1.0, 1.0], "profiles": [{"name": "tables_first", "overall": [3.0, 1.0]},
+                                                  {"name": "base_copy", "overall": [0.0, 2.0]}]}
+    for seed in (0, 1):
+        workdir = tmp_path / "names_harness_s" / f"seed{seed}"
+        (workdir / "router_decisions.jsonl").write_text("\n".join(json.dumps(d) for d in decisions[seed:]) + "\n")
+        (workdir / "profiles.json").write_text(json.dumps(profiles))
+    out = nr.main(["--root", str(tmp_path), "--out", str(tmp_path / "out")])["router"]
+    assert list(out) == ["names_harness_s"]  # policy_only has no router
+    rows = out["names_harness_s"]
+    assert list(rows)[:2] == ["schema_reminder", "tables_first"]  # most groups first, then by name
+    assert rows["tables_first"] == {"chosen": 4, "steps": [2, 3], "profile": pytest.approx(4 / 6)}
+    assert rows["base_copy"] == {"chosen": 1, "steps": [0], "profile": pytest.approx(1 / 4)}
+    assert rows["schema_reminder"]["profile"] is None  # chosen, but not in the saved profiles
+    assert "| names_harness_s | tables_first | 4 | 2, 3 | 0.67 |" in capsys.readouterr().out

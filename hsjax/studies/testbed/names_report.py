@@ -153,6 +153,47 @@ def behaviours(runs: Sequence[Run]) -> dict[str, dict]:
     return {arm: names_behaviour.pool_runs(bs) for arm, bs in out.items()}
 
 
+def router_summary(runs: Sequence[Run]) -> dict[str, dict[str, dict]]:
+    """Per arm with a router (seeds pooled), per harness: how many failed groups the router sent it, at
+    which training steps (as the router logs them), and the rescue rate its final profile holds
+    (the Beta posterior mean of its overall rescues, averaged over seeds): what the router tried,
+    what it settled on, and what it had learnt of each sibling."""
+    out: dict[str, dict[str, dict]] = {}
+    for arm, group in by_arm(runs).items():
+        chosen: dict[str, list[int]] = collections.defaultdict(list)
+        rates: dict[str, list[float]] = collections.defaultdict(list)
+        seen = False
+        for r in group:
+            decisions, profiles = r.workdir / "router_decisions.jsonl", r.workdir / "profiles.json"
+            if decisions.exists():
+                seen = True
+                for line in decisions.read_text().splitlines():
+                    if line.strip():
+                        d = json.loads(line)
+                        for h in d["harnesses"]:
+                            chosen[h].append(int(d["step"]))
+            if profiles.exists():
+                saved = json.loads(profiles.read_text())
+                a, b = saved.get("prior", (1.0, 1.0))
+                for p in saved["profiles"]:
+                    s, f = p["overall"]
+                    rates[p["name"]].append((s + a) / (s + f + a + b))
+        if seen:
+            out[arm] = {h: {"chosen": len(chosen.get(h, [])), "steps": sorted(set(chosen.get(h, []))),
+                            "profile": mean(rates[h]) if rates.get(h) else None}
+                        for h in sorted(set(chosen) | set(rates), key=lambda h: (-len(chosen.get(h, [])), h))}
+    return out
+
+
+def format_router(rows: dict[str, dict[str, dict]]) -> str:
+    lines = ["| arm | harness | failed groups sent to it | at steps | final profile: rescue rate |", "|---|---|---|---|---|"]
+    for arm, harnesses in rows.items():
+        for h, v in harnesses.items():
+            profile = "–" if v["profile"] is None else f"{v['profile']:.2f}"
+            lines.append(f"| {arm} | {h} | {v['chosen']} | {', '.join(map(str, v['steps'])) or '–'} | {profile} |")
+    return "\n".join(lines)
+
+
 def rank1_slices(rank1_out: dict) -> dict:
     """A names Rank-1 output (`experiments/testbed.py:names_rank1`, W/eval/names_rank1.json) by
     hidden/visible table name: per arm the share of tasks solved in any rollout and the mean success
@@ -234,10 +275,13 @@ def report(root, out_dir, gates_path=None, rank1: dict[str, str] | None = None) 
     if behaviour:
         parts.append(names_behaviour.markdown([(f"{arm} ({b['runs']} seed{'s' * (b['runs'] > 1)})", b)
                                                for arm, b in behaviour.items()]))
+    router = router_summary(runs)
+    if router:
+        parts.append(format_router(router))
     rank1_rows = {label: rank1_slices(json.loads(open(path).read())) for label, path in (rank1 or {}).items()}
     if rank1_rows:
         parts.append(format_rank1(rank1_rows))
-    out = {"table": table, "behaviour": behaviour, "warmstart": warm, "rank1": rank1_rows,
+    out = {"table": table, "behaviour": behaviour, "router": router, "warmstart": warm, "rank1": rank1_rows,
            "equal_rollouts": {"budget": budget, "primary": equal}, "verdict": result,
            "logp_curves": {k: {"steps": c["steps"], "rollouts": c["rollouts"], "mean_logp": c["mean_logp"]}
                            for k, c in curves.items()}}
