@@ -226,27 +226,40 @@ def format_rank1(rows: dict[str, dict]) -> str:
 
 def plot_mechanism(runs: Sequence[Run], curves: dict[str, dict], path: str) -> None:
     """Left: the sampled opening rate at each evaluation; right (`curves` from `logp_curves`, when
-    any run was measured): the teacher-forced log p of that opening on fixed prompts."""
+    any run was measured): the teacher-forced log p of that opening on fixed prompts. One colour
+    per arm and one line style per seed, so that a sweep of 9 arms x 3 seeds stays legible."""
     plt = analysis._plt()  # the project's one Agg set-up
-    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 7, 4), squeeze=False)
-    ax = axes[0][0]
+    arms = list(dict.fromkeys(r.arm for r in runs))
+    colour = {arm: plt.get_cmap("tab10")(i % 10) for i, arm in enumerate(arms)}
+    styles = ("-", "--", ":", "-.")
+    markers = ("o", "s", "^", "D")
+
+    def draw(ax, arm, seed, xs, ys, labelled):
+        ax.plot(xs, ys, color=colour[arm], linestyle=styles[seed % 4], marker=markers[seed % 4],
+                markersize=4, alpha=0.85, label=None if arm in labelled else arm)
+        labelled.add(arm)
+
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(13 if curves else 7, 4.5), squeeze=False)
+    ax, labelled = axes[0][0], set()
     for r in runs:
         rows = eval_rows(r)
         if rows:
-            ax.plot([x.get("rollouts/total", 0) for x in rows], [100 * x.get(run_keys(r)[1], 0) for x in rows],
-                    marker="o", label=f"{r.arm} s{r.seed}")
+            draw(ax, r.arm, r.seed, [x.get("rollouts/total", 0) for x in rows],
+                 [100 * x.get(run_keys(r)[1], 0) for x in rows], labelled)
     ax.set_xlabel("cumulative executor rollouts")
     ax.set_ylabel("opens with SHOW TABLES under base, %")
-    ax.set_title("hidden-name held-out tasks, T = 1")
-    ax.legend(fontsize=6, ncol=2)
+    ax.set_title("hidden-name held-out tasks, T = 1 (marker/line style = seed)")
+    ax.legend(fontsize=7)
     if curves:
-        ax = axes[0][1]
-        for label, c in curves.items():
-            ax.plot(c["rollouts"], c["mean_logp"], marker=".", label=label)
+        ax, labelled = axes[0][1], set()
+        for r in runs:
+            c = curves.get(f"{r.arm} s{r.seed}")
+            if c:
+                draw(ax, r.arm, r.seed, c["rollouts"], c["mean_logp"], labelled)
         ax.set_xlabel("cumulative executor rollouts")
         ax.set_ylabel("mean log p of the SHOW TABLES opening, nats")
         ax.set_title("teacher-forced, base context, fixed hidden-name prompts")
-        ax.legend(fontsize=6, ncol=2)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
