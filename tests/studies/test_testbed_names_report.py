@@ -81,6 +81,19 @@ def test_logp_curves_are_read_plotted_and_summarised(tmp_path, capsys):
     assert (tmp_path / "out" / "names_mechanism.png").stat().st_size > 0
 
 
+def test_logp_at_budget_takes_each_seeds_last_checkpoint_within_the_rollouts():
+    curves = {"names_harness_s s0": {"steps": [0, 5, 10, 15], "rollouts": [0, 200, 500, 700],
+                                     "mean_logp": [-6.0, -3.0, -1.0, -0.5]},
+              "names_harness_s s1": {"steps": [0, 5, 10], "rollouts": [0, 300, 640], "mean_logp": [-6.0, -5.0, -4.0]},
+              "names_policy_only_n6 s0": {"steps": [0, 5], "rollouts": [0, 900], "mean_logp": [-6.0, -2.0]}}
+    rows = nr.logp_at_budget(curves, 640)
+    assert rows == {"names_harness_s": [{"seed": "0", "step": 10, "rollouts": 500, "mean_logp": -1.0},
+                                        {"seed": "1", "step": 10, "rollouts": 640, "mean_logp": -4.0}],
+                    "names_policy_only_n6": [{"seed": "0", "step": 0, "rollouts": 0, "mean_logp": -6.0}]}
+    text = nr.format_logp_at_budget(rows, 640)
+    assert "| names_harness_s | s0 -1.00 (10, 500), s1 -4.00 (10, 640) | -2.50 |" in text
+
+
 def test_rank1_outputs_are_split_by_hidden_and_visible_names(tmp_path, capsys):
     sweep(tmp_path, names_policy_only=0.10, names_tables_first_base=0.45)
     hidden = len(names.NAMES_TYPES)  # the second block of task types hides the table name

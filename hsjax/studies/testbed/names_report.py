@@ -143,6 +143,30 @@ def logp_curves(runs: Sequence[Run]) -> dict[str, dict]:
     return out
 
 
+def logp_at_budget(curves: dict[str, dict], budget: float) -> dict[str, list[dict]]:
+    """{arm: per seed, the mechanism log p at the last checkpoint whose cumulative executor
+    rollouts are within `budget`}: the equal-rollout comparison the runs' single final evaluation
+    cannot give (every checkpoint is scored, the sampled success only at the last step)."""
+    out: dict[str, list[dict]] = {}
+    for label, c in curves.items():
+        within = [i for i, n in enumerate(c["rollouts"]) if n <= budget]
+        if within:
+            i = within[-1]
+            arm = label.rsplit(" s", 1)[0]
+            out.setdefault(arm, []).append({"seed": label.rsplit(" s", 1)[1], "step": c["steps"][i],
+                                            "rollouts": c["rollouts"][i], "mean_logp": c["mean_logp"][i]})
+    return out
+
+
+def format_logp_at_budget(rows: dict[str, list[dict]], budget: float) -> str:
+    lines = [f"| arm | log p of the SHOW TABLES opening at <= {budget:.0f} executor rollouts, per seed "
+             "(step, rollouts) | mean |", "|---|---|---|"]
+    for arm, seeds in rows.items():
+        cells = ", ".join(f"s{r['seed']} {r['mean_logp']:.2f} ({r['step']}, {r['rollouts']:.0f})" for r in seeds)
+        lines.append(f"| {arm} | {cells} | {mean([r['mean_logp'] for r in seeds]):.2f} |")
+    return "\n".join(lines)
+
+
 def behaviours(runs: Sequence[Run]) -> dict[str, dict]:
     """{arm: its seeds' names_behaviour.json pooled} for the runs that have one."""
     out: dict[str, list[dict]] = {}
@@ -285,6 +309,7 @@ def report(root, out_dir, gates_path=None, rank1: dict[str, str] | None = None) 
         parts.append("| run | log p of the SHOW TABLES opening: first -> last checkpoint (nats) |\n|---|---|\n"
                      + "\n".join(f"| {label} | {c['mean_logp'][0]:.2f} -> {c['mean_logp'][-1]:.2f} "
                                   f"(step {c['steps'][-1]}) |" for label, c in curves.items()))
+        parts.append(format_logp_at_budget(logp_at_budget(curves, budget), budget))
     if behaviour:
         parts.append(names_behaviour.markdown([(f"{arm} ({b['runs']} seed{'s' * (b['runs'] > 1)})", b)
                                                for arm, b in behaviour.items()]))
@@ -295,7 +320,9 @@ def report(root, out_dir, gates_path=None, rank1: dict[str, str] | None = None) 
     if rank1_rows:
         parts.append(format_rank1(rank1_rows))
     out = {"table": table, "behaviour": behaviour, "router": router, "warmstart": warm, "rank1": rank1_rows,
-           "equal_rollouts": {"budget": budget, "primary": equal}, "verdict": result,
+           "equal_rollouts": {"budget": budget, "primary": equal,
+                              "mean_logp": logp_at_budget(curves, budget) if curves else {}},
+           "verdict": result,
            "logp_curves": {k: {"steps": c["steps"], "rollouts": c["rollouts"], "mean_logp": c["mean_logp"]}
                            for k, c in curves.items()}}
     with open(os.path.join(out_dir, "names_report.json"), "w") as f:
