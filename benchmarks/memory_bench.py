@@ -4,7 +4,8 @@ Each case runs in a fresh subprocess, so one case's buffers and compiled program
 against another's. A step case builds the tiny policy, a testbed-shaped batch (G=8 groups x
 (n=4 + R=4) slots = 64 rows, every row filled to T, `train_bench.synthetic_batch`), compiles one
 jitted `hsjax.rl.grpo.train_step` and runs it once; it reports VmHWM (the kernel's peak resident
-set) after set-up, after compiling and after the step. The parent polls the child's VmRSS and
+set) after set-up, after compiling and after the step, and XLA's planned temporaries for the
+step (`compiled.memory_analysis()`). The parent polls the child's VmRSS and
 kills it above `--limit-gb`, reporting "> limit": a case that would be OOM-killed on a shared
 machine is a result too.
 
@@ -84,11 +85,15 @@ def child_step(args) -> None:
     compiled = step.lower(state, batch).compile()
     compile_s = time.perf_counter() - t0
     compile_gb = hwm()
+    # XLA's own plan for the step's temporaries (buffer assignment; independent of the machine's
+    # load and of the allocator), beside the measured peak.
+    analysis = compiled.memory_analysis()
+    temp_gb = analysis.temp_size_in_bytes / GIB if analysis is not None else float("nan")
     t0 = time.perf_counter()
     state, metrics = compiled(state, batch)
     jax.block_until_ready((state, metrics))
     step_s = time.perf_counter() - t0
-    print(json.dumps(dict(T=T, setup_gb=setup_gb, compile_gb=compile_gb, peak_gb=hwm(),
+    print(json.dumps(dict(T=T, setup_gb=setup_gb, compile_gb=compile_gb, peak_gb=hwm(), temp_gb=temp_gb,
                           compile_s=compile_s, step_s=step_s,
                           loss_pg=float(metrics["loss/pg"]))), flush=True)
 
@@ -174,15 +179,16 @@ def main(argv=None):
     print(f"\nPeak resident memory (VmHWM) of one jitted GRPO update, tiny policy, "
           f"G={args.groups} x (n={args.n} + R={args.R}) = {B} rows, "
           f"{args.micro_batches} micro-batches, remat {args.remat}")
-    print("|    T | after set-up | after compile | peak (steps) | compile s | step s |")
-    print("|------|--------------|---------------|--------------|-----------|--------|")
+    print("|    T | after set-up | after compile | peak (steps) | XLA temp | compile s | step s |")
+    print("|------|--------------|---------------|--------------|----------|-----------|--------|")
     for r in results["steps"]:
         if r["killed"]:
             what = r.get("error") or f"> {args.limit_gb:.1f} GiB (killed)"
-            print(f"| {r['T']:>4} |              |               | {what} |  |  |")
+            print(f"| {r['T']:>4} |              |               | {what} |  |  |  |")
         else:
             print(f"| {r['T']:>4} | {r['setup_gb']:>9.2f} GiB | {r['compile_gb']:>10.2f} GiB | "
-                  f"{r['peak_gb']:>9.2f} GiB | {r['compile_s']:>9.1f} | {r['step_s']:>6.1f} |")
+                  f"{r['peak_gb']:>9.2f} GiB | {r['temp_gb']:>4.2f} GiB | {r['compile_s']:>9.1f} | "
+                  f"{r['step_s']:>6.1f} |")
     d = results["demo"]
     if d:
         print(f"\nREADME's demo: peak {d['sum_gb']:.2f} GiB (process tree), largest process "

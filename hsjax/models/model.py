@@ -27,6 +27,7 @@ import functools
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from hsjax.models import rope
 from hsjax.models.attention import MaskRule, attend, attend_chunked, query_chunk
@@ -307,8 +308,10 @@ def mlp(p: dict, h_BxTxD):
     T = 1 never does: its program is the plain one)."""
     batch, seq, _ = h_BxTxD.shape
     row_bytes = batch * p["up_proj"].shape[-1] * 4
-    if seq * row_bytes <= MLP_CHUNK_BYTES:
+    if seq == 1:
         return _mlp(p, h_BxTxD)
+    if seq * row_bytes <= MLP_CHUNK_BYTES:
+        return _mlp_keep_projections(p, h_BxTxD)
     chunk = 1
     while chunk * 2 * row_bytes <= MLP_CHUNK_BYTES and chunk * 2 < seq:
         chunk *= 2
@@ -320,9 +323,17 @@ def mlp(p: dict, h_BxTxD):
 
 
 def _mlp(p: dict, h_BxTxD):
-    gate_BxTxF = jax.nn.silu(jnp.einsum("btd,df->btf", h_BxTxD, p["gate_proj"]))
-    up_BxTxF = jnp.einsum("btd,df->btf", h_BxTxD, p["up_proj"])
+    gate_BxTxF = jax.nn.silu(checkpoint_name(jnp.einsum("btd,df->btf", h_BxTxD, p["gate_proj"]), "mlp_gate"))
+    up_BxTxF = checkpoint_name(jnp.einsum("btd,df->btf", h_BxTxD, p["up_proj"]), "mlp_up")
     return jnp.einsum("btf,fd->btd", gate_BxTxF * up_BxTxF, p["down_proj"])
+
+
+# Without a policy the backward keeps six BxTxF float32 tensors a layer (the projections, silu,
+# its derivative's pieces, the product: 805 MiB of 1.5 GiB for 8 rows of 2,048 tokens of the tiny
+# policy, from XLA's buffer assignment); keeping the two projections and recomputing the
+# element-wise rest in the backward costs no matmul and keeps two (docs/performance.md, "Memory").
+_mlp_keep_projections = jax.checkpoint(
+    _mlp, policy=jax.checkpoint_policies.save_only_these_names("mlp_gate", "mlp_up"))
 
 
 def block(cfg: ModelConfig, p: dict, x_BxTxD, cos_BxTxH, sin_BxTxH, attend_fn):

@@ -128,3 +128,50 @@ def test_mlp_blocks_match_dense(monkeypatch):
     np.testing.assert_allclose(out, dense_out, rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(dense_grads)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(b))))
+
+
+def test_plain_mlp_keeps_only_its_two_projections_for_the_backward(capsys):
+    """The plain path (T > 1) is the SwiGLU, values and gradients equal to the un-checkpointed one,
+    and what its backward keeps of size B x T x F is the gate and up projections only."""
+    params = init_params(CFG, jax.random.key(0))
+    p = jax.tree.map(lambda w: w[0], params["layers"])
+    h = jax.random.normal(jax.random.key(6), (2, 16, CFG.hidden_size))
+    w = jax.random.normal(jax.random.key(7), h.shape)
+    plain = lambda p, h: jnp.sum(w * model._mlp(p, h))  # noqa: E731
+    kept = lambda p, h: jnp.sum(w * model.mlp(p, h))  # noqa: E731
+    np.testing.assert_array_equal(model.mlp(p, h), model._mlp(p, h))
+    for a, b in zip(jax.tree.leaves(jax.grad(kept, argnums=(0, 1))(p, h)),
+                    jax.tree.leaves(jax.grad(plain, argnums=(0, 1))(p, h))):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+    def wide(f):  # the B x T x F arrays JAX keeps for f's backward (its only public report prints)
+        capsys.readouterr()
+        jax.ad_checkpoint.print_saved_residuals(f, p, h)
+        return [line for line in capsys.readouterr().out.splitlines()
+                if line.startswith(f"f32[2,16,{CFG.intermediate_size}]")]
+
+    assert len(wide(kept)) == 2
+    assert len(wide(plain)) > 2  # without the policy the backward keeps more (what the policy saves)
+
+
+def test_the_additive_mask_gives_the_selected_scores_values_and_gradients():
+    """`attend` adds a 0 / -1e30 bias instead of selecting -1e30: the same outputs and gradients
+    as the select it replaced, padding rows included."""
+    rule = rule_for(13, seed=3, segments=True)
+    q, k, v = qkv(13, seed=3)
+    mask = rule.dense()
+
+    def selected(q, k, v):  # the masking as it was: jnp.where on the scores
+        b, t, n, h = q.shape
+        qg = q.reshape(b, t, k.shape[2], n // k.shape[2], h)
+        s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * h**-0.5
+        s = jnp.where(mask[:, None, None], s, -1e30)
+        o = jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(s, axis=-1), v).reshape(b, t, n, h)
+        return jnp.where(jnp.any(mask, -1)[:, :, None, None], o, 0)
+
+    np.testing.assert_array_equal(attend(q, k, v, mask), selected(q, k, v))
+    w = jax.random.normal(jax.random.key(8), q.shape)
+    grads = jax.grad(lambda *a: jnp.sum(w * attend(*a, mask)), argnums=(0, 1, 2))(q, k, v)
+    ref = jax.grad(lambda *a: jnp.sum(w * selected(*a)), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(grads, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
