@@ -7,7 +7,9 @@ Memory: dense attention holds float32 scores and probabilities of B x N x T x S.
 pass `SCORE_CHUNK_BYTES`, `forward` uses `attend_chunked` instead: the same computation one block
 of query rows at a time (each row still takes its softmax over all S keys, so the result is the
 dense one up to float32 rounding), under `jax.checkpoint`, so neither the forward nor the backward
-ever holds more than one block's scores, and the B x T x S mask is never built.
+ever holds more than one block's scores. Each block builds its own slice of the mask; the compiled
+update still keeps those slices for the backward, one float32 B x T x S bias in all
+(docs/performance.md, "What the update keeps for its backward").
 """
 from __future__ import annotations
 
