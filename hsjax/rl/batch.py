@@ -242,7 +242,8 @@ def group_by_length(batch: TrainBatch, num_micro_batches: int,
     as full ones. Here the rows are sorted by length, longest first, and micro-batch i (rows i,
     i + M, ..., as `grpo` splits them) gets the i-th block of that order; the second value gives,
     per micro-batch, the bucket of its longest row (`bucket_length`), or 0 when it holds only empty
-    slots, which the update then skips. The reordering changes no result: every group statistic
+    slots, which the update then skips (when every slot is empty, the first micro-batch runs at
+    the smallest bucket). The reordering changes no result: every group statistic
     of the update goes through `group_B`, never through a row's position.
     """
     B = batch.tokens_BxT.shape[0]
@@ -256,6 +257,12 @@ def group_by_length(batch: TrainBatch, num_micro_batches: int,
     perm = order.reshape(num_micro_batches, rows).T.reshape(-1)
     longest = length_B[order].reshape(num_micro_batches, rows).max(axis=1)
     micro_T = tuple(int(bucket_length(int(n), T_buckets)) if n else 0 for n in longest)
+    if not any(micro_T):
+        # No row holds a token (e.g. DAPO found no group with a reward spread in its draws): run
+        # one micro-batch at the smallest bucket, as the padded update runs the whole empty batch,
+        # so the step is the same (no gradient; the optimizer still counts it) with or without
+        # grouping instead of an update that has nothing to run.
+        micro_T = (int(bucket_length(1, T_buckets)),) + (0,) * (num_micro_batches - 1)
     reordered = batch.replace(**{
         field.name: np.asarray(getattr(batch, field.name))[perm]
         for field in dataclasses.fields(batch)

@@ -205,6 +205,21 @@ def test_grouped_by_length_micro_batches_equal_the_padded_update():
                            micro_T=(0, 0, 0, 0))
 
 
+def test_an_all_empty_batch_grouped_by_length_updates_like_the_padded_one():
+    """A step whose batch holds no token (DAPO's draws found no group with a reward spread) runs
+    one micro-batch at the smallest bucket: the same step as the padded update, not an error."""
+    batch = on_policy(pack([], G=4, n=2, R=2, T_buckets=(16, 32, 64), pad_id=PAD), params0())
+    grouped, micro_T = group_by_length(batch, 4, (16, 32, 64))
+    assert micro_T == (16, 0, 0, 0)
+    loss_cfg = LossConfig(aggregation="sequence_mean", advantage="rloo")
+    full_grads, full_metrics = grads_fn(loss_cfg, 4)(params0(), batch)
+    cut = jax.jit(functools.partial(grpo.compute_grads, cfg=CFG, loss_cfg=loss_cfg,
+                                    num_micro_batches=4, micro_T=micro_T))
+    grads, metrics = cut(params0(), grouped)
+    assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads))
+    assert_same_update(full_grads, full_metrics, grads, metrics)
+
+
 def test_few_updates_raise_likelihood_of_rewarded_trajectories():
     optimizer = make_optimizer(learning_rate=3e-4, warmup_steps=0, total_steps=100,
                                weight_decay=0.0)
