@@ -301,6 +301,7 @@ def report(root, out_dir, gates_path=None, rank1: dict[str, str] | None = None) 
     result = verdict(table, gates_pass, mean(warm["guardrail"]) if warm else None)
     os.makedirs(out_dir, exist_ok=True)
     curves = logp_curves(runs)
+    logp_equal = logp_at_budget(curves, budget)
     behaviour = behaviours(runs)
     plot_mechanism(runs, curves, os.path.join(out_dir, "names_mechanism.png"))
     parts = [format_table(({"names_warmstart": warm} if warm else {}) | table, equal, budget),
@@ -309,7 +310,7 @@ def report(root, out_dir, gates_path=None, rank1: dict[str, str] | None = None) 
         parts.append("| run | log p of the SHOW TABLES opening: first -> last checkpoint (nats) |\n|---|---|\n"
                      + "\n".join(f"| {label} | {c['mean_logp'][0]:.2f} -> {c['mean_logp'][-1]:.2f} "
                                   f"(step {c['steps'][-1]}) |" for label, c in curves.items()))
-        parts.append(format_logp_at_budget(logp_at_budget(curves, budget), budget))
+        parts.append(format_logp_at_budget(logp_equal, budget))
     if behaviour:
         parts.append(names_behaviour.markdown([(f"{arm} ({b['runs']} seed{'s' * (b['runs'] > 1)})", b)
                                                for arm, b in behaviour.items()]))
@@ -320,8 +321,7 @@ def report(root, out_dir, gates_path=None, rank1: dict[str, str] | None = None) 
     if rank1_rows:
         parts.append(format_rank1(rank1_rows))
     out = {"table": table, "behaviour": behaviour, "router": router, "warmstart": warm, "rank1": rank1_rows,
-           "equal_rollouts": {"budget": budget, "primary": equal,
-                              "mean_logp": logp_at_budget(curves, budget) if curves else {}},
+           "equal_rollouts": {"budget": budget, "primary": equal, "mean_logp": logp_equal},
            "verdict": result,
            "logp_curves": {k: {"steps": c["steps"], "rollouts": c["rollouts"], "mean_logp": c["mean_logp"]}
                            for k, c in curves.items()}}
