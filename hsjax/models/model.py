@@ -256,7 +256,17 @@ def _scan_layer(cfg: ModelConfig, cos_BxTxH, sin_BxTxH, mask_BxTxS, end, carry, 
 
 
 def _attend_uncached(cfg: ModelConfig, mask_BxTxS, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH):
-    """`attend_fn` without a cache: masked attention over the T new keys/values."""
+    """`attend_fn` without a cache: masked attention over the T new keys/values.
+
+    The dense XLA path runs under `jax.checkpoint`: otherwise every layer keeps its B x N x T x T
+    float32 scores and probabilities for the backward, up to `SCORE_CHUNK_BYTES` each (the blocked
+    path takes over above that), i.e. several such tensors per layer stacked over the layers; the
+    backward recomputes them from q, k, v and the mask, one layer at a time. Without a gradient it
+    changes nothing. The cuDNN kernel keeps its own small residuals and is left as it is.
+    """
+    if cfg.attention_impl == "xla" and not isinstance(mask_BxTxS, MaskRule):
+        dense = jax.checkpoint(functools.partial(attend, impl="xla"))
+        return dense(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxS), None
     return _attend(cfg, mask_BxTxS, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH), None
 
 

@@ -175,3 +175,35 @@ def test_the_additive_mask_gives_the_selected_scores_values_and_gradients():
     ref = jax.grad(lambda *a: jnp.sum(w * selected(*a)), argnums=(0, 1, 2))(q, k, v)
     for a, b in zip(grads, ref):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_dense_training_attention_keeps_no_scores_for_the_backward(capsys, monkeypatch):
+    """Short rows take the dense path; under `forward` (no cache) it is checkpointed, so the
+    backward keeps q, k, v and the mask, never a B x K x G x T x T score or probability array
+    (without the checkpoint each layer keeps several), and the gradients are the plain ones."""
+    cfg = get_preset("tiny", num_layers=2)
+    params = init_params(cfg, jax.random.key(0))
+    B, T = 2, 24
+    assert query_chunk(B, cfg.num_heads, T, T) == 0  # the dense path
+    tokens = jax.random.randint(jax.random.key(1), (B, T), 0, cfg.vocab_size)
+    positions = jnp.tile(jnp.arange(T), (B, 1)).at[0, :5].set(-1)
+    loss = lambda p: jnp.sum(forward(cfg, p, tokens, positions)[0][:, :, :7])  # noqa: E731
+    capsys.readouterr()
+    jax.ad_checkpoint.print_saved_residuals(loss, params)
+    kept = capsys.readouterr().out.splitlines()
+    K, G = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
+    # (stacked over the layers by the scan: L x B x K x G x T x T)
+    scores = [line for line in kept if line.split()[0].endswith(f"{B},{K},{G},{T},{T}]")]
+    assert not scores, scores
+    g = jax.grad(loss)(params)
+
+    # The reference: the same attention without the checkpoint keeps scores, same gradients.
+    monkeypatch.setattr(model, "_attend_uncached",
+                        lambda cfg_, mask, q, k, v: (attend(q, k, v, mask, "xla"), None))
+    capsys.readouterr()
+    jax.ad_checkpoint.print_saved_residuals(loss, params)
+    kept_plain = capsys.readouterr().out.splitlines()
+    g_plain = jax.grad(loss)(params)
+    assert [line for line in kept_plain if line.split()[0].endswith(f"{B},{K},{G},{T},{T}]")]
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_plain)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
