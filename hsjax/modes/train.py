@@ -23,7 +23,7 @@ import tqdm
 from hsjax import builders
 from hsjax.harness_s.rescue import plan_rescue, rescue_failed_groups
 from hsjax.infra import checkpoint as ckpt_lib
-from hsjax.infra import console, distributed, sharding
+from hsjax.infra import console, distributed, host_memory, sharding
 from hsjax.infra import metrics as metrics_lib
 from hsjax.rl import batch as batch_lib
 from hsjax.rl import grpo, optim
@@ -174,6 +174,7 @@ def step_metrics(groups, rescued, outcomes, update_metrics, rollouts: dict, dapo
 
 
 def main(config, workdir: str) -> dict:
+    host_memory.release_after_compiles()  # the compiler's working memory, before a program runs
     # ----------------------------------------------------------------------------------------------
     # Mesh.
     mesh = sharding.make_mesh([tuple(axis) for axis in config.mesh])
@@ -310,8 +311,12 @@ def main(config, workdir: str) -> dict:
             if config.batch.group_by_length:
                 packed, micro_T = batch_lib.group_by_length(packed, config.batch.micro_batches,
                                                             list(config.batch.T_buckets))
+            host_memory.release_free_memory()  # what the rollouts freed, before the update's peak
             state, update_metrics = update(state, place(packed), micro_T=micro_T)
             metrics = step_metrics(groups, rescued, outcomes, update_metrics, rollouts, dapo_stats)
+            # The padded row length the update ran at (its longest micro-batch when grouped): what
+            # its time and memory scale with.
+            metrics["batch/T"] = max(micro_T) if micro_T else int(packed.tokens_BxT.shape[1])
             t_update = time.perf_counter() - t0
 
             totals["rollouts/total"] += metrics["rollouts/base"] + metrics["rollouts/rescue"]
@@ -331,6 +336,11 @@ def main(config, workdir: str) -> dict:
             if distributed.is_main():
                 metrics_lib.append_jsonl(decisions_path, rescuer.drain_log())
             metrics.update(rescuer.metrics())
+            # Freed heap pages back to the system each step, or the resident set ratchets up
+            # through a run (hsjax/infra/host_memory.py); the host's memory, logged after it.
+            host_memory.release_free_memory()
+            metrics["memory/host_gib"] = host_memory.resident_gib()
+            metrics["memory/host_peak_gib"] = host_memory.peak_resident_gib()
             metrics["time/step"] = time.perf_counter() - t_step
             last = writer.write(done, metrics)
             progress.set_postfix(reward=f"{metrics['reward/mean']:.2f}",
