@@ -259,6 +259,9 @@ def demo_config() -> ml_collections.ConfigDict:
     c.demo.total_steps = 5  # with the evaluations, 8-9.5 minutes on the 2-core CPU
     c.demo.eval_limit = 30
     c.demo.groups = 0  # tasks a training step; 0 = the arms' own (8). Fewer: a quicker, noisier look
+    # Micro-batches of the update: 16 (4 rows each) instead of the arms' 8 keep the demo's peak
+    # memory under 2 GB for 5% more update time; 0 = the arms' own (docs/performance.md, "Memory").
+    c.demo.micro_batches = 16
     return c
 
 

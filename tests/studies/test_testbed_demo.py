@@ -9,7 +9,8 @@ import sys
 import numpy as np
 
 from hsjax.models import load_pretrained
-from hsjax.studies.testbed.demo import resolve_warm_start
+from hsjax.infra import experiments
+from hsjax.studies.testbed.demo import arm_config, resolve_warm_start
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WARM = REPO / "assets" / "testbed_warmstart"
@@ -43,4 +44,20 @@ def test_demo_prints_before_and_after(tmp_path):
     assert (tmp_path / "policy_only" / "seed0" / "metrics.jsonl").exists()
     row = json.loads((tmp_path / "policy_only" / "seed0" / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["rollouts/total"] == 2 * 4  # demo.groups tasks of n = 4 rollouts
+    assert row["batch/T"] in (512, 1024, 2048)  # the arms' buckets
+    assert 0.05 < row["memory/host_gib"] <= row["memory/host_peak_gib"] < 8
     assert (tmp_path / "warmstart" / "seed0" / "eval" / "synth_heldout_step000000.json").exists()
+
+
+def test_demo_sets_the_arms_micro_batches():
+    """The demo's update runs 16 micro-batches (its memory goal); fewer when fewer rows would not
+    split into 16; 0 leaves the arm's own."""
+    demo = experiments.get_config("testbed", "demo")
+    own = experiments.get_config("testbed", "harness_s").batch.micro_batches
+    with demo.unlocked():
+        assert arm_config(demo, "harness_s").batch.micro_batches == 16
+        assert arm_config(demo, "policy_only").batch.micro_batches == 16
+        demo.demo.groups = 2  # 8 base rows
+        assert arm_config(demo, "harness_s").batch.micro_batches == 8
+        demo.demo.micro_batches = 0
+        assert arm_config(demo, "harness_s").batch.micro_batches == own

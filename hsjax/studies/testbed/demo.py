@@ -9,11 +9,13 @@ Each arm is an ordinary training run (`hsjax.modes.train.main`) in `W/<arm>/seed
 """
 from __future__ import annotations
 
+import gc
 import json
+import math
 import os
 import time
 
-from hsjax.infra import experiments
+from hsjax.infra import experiments, host_memory
 from hsjax.infra import paths
 from hsjax.modes import train
 
@@ -31,6 +33,10 @@ def arm_config(config, arm: str):
         c.optim.warmup_steps = min(c.optim.warmup_steps, c.total_steps - 1)
         if config.demo.groups:
             c.rollout.groups = config.demo.groups
+        if config.demo.micro_batches:
+            # As many as asked that divide the base rows (G x n); the testbed arms' rescue slots
+            # (k x m = 4 a group) keep every arm's row count a multiple of it.
+            c.batch.micro_batches = math.gcd(config.demo.micro_batches, c.rollout.groups * c.rollout.n)
     c.eval.limit = config.demo.eval_limit
     return c
 
@@ -76,6 +82,8 @@ def main(config, workdir: str) -> dict:
         arm_dir = os.path.join(workdir, arm, f"seed{config.seed}")
         train.main(arm_config(config, arm), arm_dir)
         walls[arm] = time.perf_counter() - t0
+        gc.collect()  # the finished arm's policy, sampler and optimizer state, then their pages
+        host_memory.release_free_memory()
         if arm != "warmstart":
             after[arm] = final_row(arm_dir)
         print(f"[demo] {arm}: {walls[arm]:.0f} s", flush=True)
