@@ -188,22 +188,21 @@ def test_dense_training_attention_keeps_no_scores_for_the_backward(capsys, monke
     tokens = jax.random.randint(jax.random.key(1), (B, T), 0, cfg.vocab_size)
     positions = jnp.tile(jnp.arange(T), (B, 1)).at[0, :5].set(-1)
     loss = lambda p: jnp.sum(forward(cfg, p, tokens, positions)[0][:, :, :7])  # noqa: E731
-    capsys.readouterr()
-    jax.ad_checkpoint.print_saved_residuals(loss, params)
-    kept = capsys.readouterr().out.splitlines()
     K, G = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
-    # (stacked over the layers by the scan: L x B x K x G x T x T)
-    scores = [line for line in kept if line.split()[0].endswith(f"{B},{K},{G},{T},{T}]")]
-    assert not scores, scores
+
+    def kept_scores():  # the score-shaped residuals (stacked over the layers: L x B x K x G x T x T)
+        capsys.readouterr()
+        jax.ad_checkpoint.print_saved_residuals(loss, params)
+        return [line for line in capsys.readouterr().out.splitlines()
+                if line.split()[0].endswith(f"{B},{K},{G},{T},{T}]")]
+
+    assert not kept_scores()
     g = jax.grad(loss)(params)
 
     # The reference: the same attention without the checkpoint keeps scores, same gradients.
     monkeypatch.setattr(model, "_attend_uncached",
                         lambda cfg_, mask, q, k, v: (attend(q, k, v, mask, "xla"), None))
-    capsys.readouterr()
-    jax.ad_checkpoint.print_saved_residuals(loss, params)
-    kept_plain = capsys.readouterr().out.splitlines()
+    assert kept_scores()
     g_plain = jax.grad(loss)(params)
-    assert [line for line in kept_plain if line.split()[0].endswith(f"{B},{K},{G},{T},{T}]")]
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_plain)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
