@@ -50,6 +50,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # each new set of stop strings may compile a sampler program (seconds, blocking every request)
     c.serve.max_stop_strings = 8  # more stop strings in a request are a 400
     c.serve.max_stop_chars = 64  # a longer stop string is a 400
+    # memory: a request holds at most its body, read and parsed within these bounds (docs/harness_s.md)
+    c.serve.max_body_bytes = 4 << 20  # a longer body is a 413, refused before or while it is read
+    c.serve.max_prompt_chars = 0  # a longer prompt is a 400 before tokenizing; 0 = 8 x the context length
+    c.serve.max_connections = 256  # open connections; one more is a 503 (each may hold max_body_bytes)
     c.serve.log_level = "info"
 
     for variant in [v for v in (arg or "").split(",") if v]:

@@ -18,6 +18,7 @@ temperature (1 when greedy), before top-k/top-p truncation (hsjax/rollout/sample
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 
 from hsjax.rollout.policy import SamplingParams
 
@@ -27,6 +28,13 @@ ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 64
 MAX_TOP_LOGPROBS = 20  # as OpenAI (and vLLM's default max_logprobs)
+# A prompt's characters are bounded before it is tokenized (tokenizing costs memory and time in
+# proportion to its length, and the context bound in tokens is checked only after): at most this
+# many characters per token of the context. Tokenizers of the supported families average 3-5
+# characters a token on English and code; only text averaging more than 8 (long runs of one
+# character) is refused that the token bound would have taken.
+CHARS_PER_TOKEN_BOUND = 8
+MAX_PROMPT_CHARS = 1 << 20  # the character bound when the context length is unknown (a chat policy)
 # A logprob that is not finite is sent as this (JSON has no -inf), as vLLM does.
 FLOOR_LOGPROB = -9999.0
 
@@ -62,6 +70,27 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+_SHORT = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 2, 60, 60, 40
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 4
+
+
+def short(value) -> str:
+    """A value as an error message quotes it: at most ~100 characters, never the whole of a large one."""
+    return _SHORT.repr(value)
+
+
+def default_prompt_chars(max_context: int | None) -> int:
+    """The prompt's character bound when `serve.max_prompt_chars` is 0 (see CHARS_PER_TOKEN_BOUND)."""
+    return CHARS_PER_TOKEN_BOUND * max_context if max_context else MAX_PROMPT_CHARS
+
+
+def check_prompt_chars(chars: int, max_chars: int | None, param: str, what: str) -> None:
+    if max_chars is not None and chars > max_chars:
+        raise bad_request(f"{what} has {chars} characters, more than the {max_chars} this server tokenizes "
+                          "(serve.max_prompt_chars); shorten the prompt", param, "context_length_exceeded")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +132,7 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float) -> floa
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
-        raise bad_request(f"'{name}' must be a number in [{lo}, {hi}], got {value!r}", name)
+        raise bad_request(f"'{name}' must be a number in [{lo}, {hi}], got {short(value)}", name)
     return float(value)
 
 
@@ -112,7 +141,7 @@ def _int(body: dict, name: str, default: int, lo: int, hi: int) -> int:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise bad_request(f"'{name}' must be an integer in [{lo}, {hi}], got {value!r}", name)
+        raise bad_request(f"'{name}' must be an integer in [{lo}, {hi}], got {short(value)}", name)
     return value
 
 
@@ -121,7 +150,7 @@ def _bool(body: dict, name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be true or false, got {value!r}", name)
+        raise bad_request(f"'{name}' must be true or false, got {short(value)}", name)
     return value
 
 
@@ -137,7 +166,8 @@ def _content(message: dict, i: int) -> str:
                       f"{type(content).__name__}", f"messages[{i}].content")
 
 
-def parse_messages(messages) -> list[dict]:
+def parse_messages(messages, max_chars: int | None = None) -> list[dict]:
+    """The messages as {role, content}; their contents together at most `max_chars` characters."""
     if messages is None:
         raise bad_request("'messages' is required: a non-empty list of {role, content}", "messages")
     if not isinstance(messages, list) or not messages:
@@ -148,13 +178,14 @@ def parse_messages(messages) -> list[dict]:
             raise bad_request(f"messages[{i}] must be an object with role and content", f"messages[{i}]")
         role = m.get("role")
         if role not in ROLES:
-            raise bad_request(f"messages[{i}].role={role!r} is not one of {list(ROLES)}",
+            raise bad_request(f"messages[{i}].role={short(role)} is not one of {list(ROLES)}",
                               f"messages[{i}].role")
         extra = sorted(set(m) - {"role", "content", "name"})
         if extra:
-            raise bad_request(f"messages[{i}] has {extra}: this server renders only role and content (no tool "
+            raise bad_request(f"messages[{i}] has {short(extra)}: this server renders only role and content (no tool "
                               "calls or tool messages)", f"messages[{i}].{extra[0]}")
         out.append({"role": role, "content": _content(m, i)})
+    check_prompt_chars(sum(len(m["content"]) for m in out), max_chars, "messages", "the conversation")
     return out
 
 
@@ -166,10 +197,10 @@ def check_fields(body: dict, accepted: tuple[str, ...]) -> None:
         if name in NEUTRAL:
             if any(type(value) is type(v) and value == v for v in NEUTRAL[name]):
                 continue
-            raise bad_request(f"'{name}'={str(value)[:100]} is not supported by this server: it would change the "
+            raise bad_request(f"'{name}'={short(value)} is not supported by this server: it would change the "
                               f"reply and the server does not implement it; leave it out (neutral values: "
                               f"{list(NEUTRAL[name])})", name, "unsupported_parameter")
-        raise bad_request(f"'{name}' is not supported by this server; it takes {sorted(accepted)} (and "
+        raise bad_request(f"{short(name)} is not supported by this server; it takes {sorted(accepted)} (and "
                           f"{sorted(IGNORED_FIELDS)}, ignored)", name, "unsupported_parameter")
 
 
@@ -178,7 +209,7 @@ def _parse_sampling(body: dict, *, model_name: str, default_max_tokens: int, max
                     top_logprobs: int) -> tuple[SamplingParams, int]:
     model = body.get("model")
     if model is not None and model != model_name:
-        raise APIError(404, f"model {model!r} is not served here; this server serves {model_name!r}",
+        raise APIError(404, f"model {short(model)} is not served here; this server serves {model_name!r}",
                        param="model", code="model_not_found")
     n = _int(body, "n", 1, 1, 1 << 30)
     if prompts * n > max_rows:
@@ -186,7 +217,7 @@ def _parse_sampling(body: dict, *, model_name: str, default_max_tokens: int, max
                           "samples at once (serve.max_batch); send fewer", "n")
     best_of = body.get("best_of")
     if best_of is not None and best_of != n and best_of != 1:
-        raise bad_request(f"best_of={best_of!r} is not supported; leave it out (or equal to n)", "best_of",
+        raise bad_request(f"best_of={short(best_of)} is not supported; leave it out (or equal to n)", "best_of",
                           "unsupported_parameter")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
@@ -202,7 +233,7 @@ def _parse_sampling(body: dict, *, model_name: str, default_max_tokens: int, max
     elif isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise bad_request(f"'stop' must be a non-empty string or a list of them, got {str(stop)[:200]}", "stop")
+        raise bad_request(f"'stop' must be a non-empty string or a list of them, got {short(stop)}", "stop")
     if len(stop) > max_stop_strings:
         raise bad_request(f"'stop' holds {len(stop)} strings; this server takes at most {max_stop_strings}", "stop")
     if max(map(len, stop), default=0) > max_stop_chars:
@@ -225,7 +256,7 @@ def _stream_options(body: dict) -> tuple[bool, bool]:
     if not stream:
         raise bad_request("'stream_options' is only for stream=true", "stream_options")
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
-        raise bad_request(f"'stream_options' takes {{include_usage}}, got {str(options)[:100]}", "stream_options")
+        raise bad_request(f"'stream_options' takes {{include_usage}}, got {short(options)}", "stream_options")
     if options.get("continuous_usage_stats"):
         raise bad_request("stream_options.continuous_usage_stats is not supported", "stream_options")
     return stream, bool(options.get("include_usage"))
@@ -233,17 +264,18 @@ def _stream_options(body: dict) -> tuple[bool, bool]:
 
 def parse_chat_request(body, *, model_name: str, default_max_tokens: int, max_tokens_limit: int,
                        max_stop_strings: int = MAX_STOP_STRINGS, max_stop_chars: int = MAX_STOP_CHARS,
-                       max_rows: int = 8) -> GenerateRequest:
+                       max_rows: int = 8, max_prompt_chars: int | None = None) -> GenerateRequest:
     """Validates a chat-completions body; raises `APIError` naming the offending field.
 
     Temperature 0 means greedy decoding. `max_tokens` (or `max_completion_tokens`) defaults to
     `default_max_tokens`. `stop` holds at most `max_stop_strings` strings of at most `max_stop_chars`
-    characters each. `n` choices (at most `max_rows`); `logprobs` true with `top_logprobs` 0-20.
+    characters each. `n` choices (at most `max_rows`); `logprobs` true with `top_logprobs` 0-20. The
+    messages' contents hold at most `max_prompt_chars` characters together (None: no bound).
     """
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     check_fields(body, CHAT_FIELDS)
-    messages = parse_messages(body.get("messages"))
+    messages = parse_messages(body.get("messages"), max_prompt_chars)
     logprobs = _bool(body, "logprobs")
     top = _int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
     if top and not logprobs:
@@ -258,8 +290,9 @@ def parse_chat_request(body, *, model_name: str, default_max_tokens: int, max_to
                            include_usage=usage)
 
 
-def _parse_prompts(prompt) -> tuple[str | tuple[int, ...], ...]:
-    """`prompt` as a tuple of prompts: a string, a list of token ids, or a list of either."""
+def _parse_prompts(prompt, max_chars: int | None = None) -> tuple[str | tuple[int, ...], ...]:
+    """`prompt` as a tuple of prompts: a string (at most `max_chars` characters), a list of token ids,
+    or a list of either."""
     def token_list(value) -> bool:
         return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
@@ -273,25 +306,28 @@ def _parse_prompts(prompt) -> tuple[str | tuple[int, ...], ...]:
     for i, p in enumerate(prompts):
         if not p:
             raise bad_request(f"prompt {i} is empty; every prompt needs at least one token", "prompt")
+        if isinstance(p, str):
+            check_prompt_chars(len(p), max_chars, "prompt", f"prompt {i}")
     return tuple(p if isinstance(p, str) else tuple(p) for p in prompts)
 
 
 def parse_completion_request(body, *, model_name: str, default_max_tokens: int, max_tokens_limit: int,
                              max_stop_strings: int = MAX_STOP_STRINGS, max_stop_chars: int = MAX_STOP_CHARS,
-                             max_rows: int = 8) -> GenerateRequest:
+                             max_rows: int = 8, max_prompt_chars: int | None = None) -> GenerateRequest:
     """Validates a completions body (`prompt` and the sampling fields; `logprobs` an integer 0-20,
-    the number of alternatives per token, as OpenAI's legacy endpoint)."""
+    the number of alternatives per token, as OpenAI's legacy endpoint; a text prompt at most
+    `max_prompt_chars` characters)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     check_fields(body, COMPLETION_FIELDS)
     if body.get("prompt") is None:
         raise bad_request("'prompt' is required: a string or a list of token ids", "prompt")
-    prompts = _parse_prompts(body["prompt"])
+    prompts = _parse_prompts(body["prompt"], max_prompt_chars)
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                  or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
         raise bad_request(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] (the alternatives per token), "
-                          f"got {logprobs!r}", "logprobs")
+                          f"got {short(logprobs)}", "logprobs")
     sampling, n = _parse_sampling(body, model_name=model_name, default_max_tokens=default_max_tokens,
                                   max_tokens_limit=max_tokens_limit, max_stop_strings=max_stop_strings,
                                   max_stop_chars=max_stop_chars, max_rows=max_rows, prompts=len(prompts),

@@ -209,6 +209,10 @@ class BatchScheduler:
         except APIError as e:
             job.future.set_exception(e)
             return False
+        except Exception as e:  # a bug: this request's 500, never the worker's end (every later request's 503)
+            log.exception("serve: preparing a request failed")
+            job.future.set_exception(e)
+            return False
         return True
 
     def _render(self, messages: list[dict]) -> list[int]:
@@ -225,7 +229,7 @@ class BatchScheduler:
         out = []
         for i, prompt in enumerate(req.prompts):
             # A text prompt is tokenized as vLLM does by default (special tokens such as BOS added).
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids = self._encode(prompt, i) if isinstance(prompt, str) else list(prompt)
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise bad_request(f"prompt {i} holds token id {bad[0]}, outside the vocabulary [0, {vocab})", "prompt")
@@ -233,6 +237,13 @@ class BatchScheduler:
                 raise bad_request(f"prompt {i} tokenizes to nothing", "prompt")
             out.append(ids)
         return out
+
+    def _encode(self, prompt: str, i: int) -> list[int]:
+        try:
+            return self.tokenizer.encode(prompt)
+        except Exception as e:  # e.g. a lone surrogate ("\ud800" is valid JSON), which no tokenizer encodes
+            raise bad_request(f"prompt {i} could not be tokenized: {type(e).__name__}: {str(e)[:200]}",
+                              "prompt") from None
 
     def _generate(self, group: list[QueuedRequest], sampling: SamplingParams) -> list[Reply]:
         self.requests += len(group)

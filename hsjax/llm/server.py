@@ -5,9 +5,11 @@ Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `
 wire format, with vLLM's token-id extensions, per-token logprobs, `n` and streaming, is
 `hsjax.llm.openai_api`'s. Errors use OpenAI's shape, `{"error": {"message", "type", "param",
 "code"}}`: 400 for a bad request (also a field the server does not implement, more than
-`max_stop_strings` stop strings, or one longer than `max_stop_chars`), 401 for a missing or wrong
-key, 404 for an unknown model or route, 429 with `Retry-After` when `max_queue` requests already
-wait, 500 when generation fails.
+`max_stop_strings` stop strings, or one longer than `max_stop_chars`, a prompt of more than
+`max_prompt_chars` characters, a body nested deeper than `request_body.MAX_JSON_DEPTH`), 401 for a
+missing or wrong key, 404 for an unknown model or route, 413 for a body past `max_body_bytes`
+(refused before or while it is read: `hsjax.llm.request_body`), 429 with `Retry-After` when
+`max_queue` requests already wait, 500 when generation fails.
 
 A streamed reply (`stream: true`) is sent as server-sent events (`data: {chunk}` lines, then
 `data: [DONE]`) once its generation has finished: the sampler runs a whole reply in one compiled
@@ -34,9 +36,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hsjax.llm.openai_api import (MAX_STOP_CHARS, MAX_STOP_STRINGS, APIError, bad_request, parse_chat_request,
-                                  parse_completion_request)
+from hsjax.llm.openai_api import (MAX_STOP_CHARS, MAX_STOP_STRINGS, APIError, bad_request, default_prompt_chars,
+                                  parse_chat_request, parse_completion_request)
 from hsjax.llm.openai_replies import Reply, TokenText, response_body, stream_chunks
+from hsjax.llm.request_body import MAX_BODY_BYTES, parse_json, read_body
 from hsjax.llm.scheduler import MAX_QUEUE, BatchScheduler, QueuedRequest
 
 log = logging.getLogger(__name__)
@@ -74,7 +77,8 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
               batch_window_s: float = 0.01, max_context: int | None = None,
               default_max_tokens: int = 256, max_tokens_limit: int = 4096,
               api_key_env: str | None = None, max_queue: int = MAX_QUEUE,
-              max_stop_strings: int = MAX_STOP_STRINGS, max_stop_chars: int = MAX_STOP_CHARS):
+              max_stop_strings: int = MAX_STOP_STRINGS, max_stop_chars: int = MAX_STOP_CHARS,
+              max_body_bytes: int = MAX_BODY_BYTES, max_prompt_chars: int | None = None):
     """A FastAPI app serving `policy` under `model_name`.
 
     `max_context` defaults to the policy's `cfg.max_position_embeddings` when it has one. With
@@ -82,10 +86,17 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
     here; never logged); `/health` stays open. The scheduler is `app.state.scheduler`; it runs
     while the app's lifespan does. `max_queue` requests may wait (then 429); a request may carry at
     most `max_stop_strings` stop strings of at most `max_stop_chars` characters (else 400). A
-    request samples at most `max_batch` sequences (its prompts times `n`).
+    request samples at most `max_batch` sequences (its prompts times `n`). A body past
+    `max_body_bytes` is a 413; a prompt past `max_prompt_chars` characters a 400 before it is
+    tokenized (None: `openai_api.CHARS_PER_TOKEN_BOUND` times `max_context`).
     """
     if max_context is None:
         max_context = getattr(getattr(policy, "cfg", None), "max_position_embeddings", None)
+    if max_prompt_chars is None:
+        max_prompt_chars = default_prompt_chars(max_context)
+    if max_body_bytes < 1 or max_prompt_chars < 1:
+        raise ValueError(f"serve: max_body_bytes={max_body_bytes} and max_prompt_chars={max_prompt_chars} "
+                         "must be >= 1")
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)
@@ -110,7 +121,7 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
     tokens = TokenText(scheduler.tokenizer) if scheduler.tokenizer is not None else None
     limits = dict(model_name=model_name, default_max_tokens=min(default_max_tokens, max_tokens_limit),
                   max_tokens_limit=max_tokens_limit, max_stop_strings=max_stop_strings,
-                  max_stop_chars=max_stop_chars, max_rows=max_batch)
+                  max_stop_chars=max_stop_chars, max_rows=max_batch, max_prompt_chars=max_prompt_chars)
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -159,11 +170,7 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
 
     async def generate(request: Request, parse):
         authorize(request)
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise bad_request(f"the request body is not valid JSON: {e}") from None
-        parsed = parse(body, **limits)
+        parsed = parse(parse_json(await read_body(request, max_body_bytes)), **limits)
         start = time.monotonic()
         try:
             reply = await _reply_or_none(request, scheduler, scheduler.submit(parsed))

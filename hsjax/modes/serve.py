@@ -37,8 +37,19 @@ def load_policy(serve_cfg, seed: int = 0, workdir: str | None = None):
     return policy, paths.resolve(ckpt or hf_dir).resolve().name
 
 
+def check_bounds(s) -> None:
+    """A UserError naming the key when a memory bound of `serve` is not a positive number (0 is the
+    default only for `max_prompt_chars`)."""
+    lows = {"max_body_bytes": 1, "max_connections": 1, "max_prompt_chars": 0}
+    for key, low in lows.items():
+        if int(s[key]) < low:
+            raise UserError(f"serve.{key}={s[key]} must be >= {low}; it bounds the server's memory under "
+                            "hostile requests (see experiments/serve.py for the default)")
+
+
 def main(config, workdir: str) -> None:
     s = config.serve
+    check_bounds(s)
     policy, default_name = load_policy(s, seed=int(config.seed), workdir=workdir)
     model_name = s.model_name or default_name
     app = build_app(policy, model_name, max_batch=int(s.max_batch),
@@ -47,9 +58,11 @@ def main(config, workdir: str) -> None:
                     default_max_tokens=int(s.default_max_tokens),
                     max_tokens_limit=int(s.max_tokens_limit), api_key_env=s.api_key_env or None,
                     max_queue=int(s.max_queue), max_stop_strings=int(s.max_stop_strings),
-                    max_stop_chars=int(s.max_stop_chars))
+                    max_stop_chars=int(s.max_stop_chars), max_body_bytes=int(s.max_body_bytes),
+                    max_prompt_chars=int(s.max_prompt_chars) or None)
     with open(pathlib.Path(workdir) / "config.json", "w", encoding="utf-8") as f:
         f.write(config.to_json_best_effort(indent=2))
     print(f"serving {model_name!r} at http://{s.host}:{s.port}/v1 (auth "
           f"{'via $' + s.api_key_env if s.api_key_env else 'off'})", flush=True)
-    uvicorn.run(app, host=s.host, port=int(s.port), log_level=s.log_level)
+    uvicorn.run(app, host=s.host, port=int(s.port), log_level=s.log_level,
+                limit_concurrency=int(s.max_connections))
