@@ -16,6 +16,12 @@ class UserError(ValueError):
     """Bad user input, with a message naming the thing and the fix."""
 
 
+class RunStopped(UserError):
+    """A run that cannot go on for a cause outside the code, which the user must act on: the disk
+    is full, the update went non-finite, every checkpoint is unusable. Not a bug, so `run.py`
+    prints it as one line like a `UserError`; the message names the cause, what was kept, and the fix."""
+
+
 # What loading a user-named file or directory raises when the file is missing, unreadable or garbage.
 LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError)
 
