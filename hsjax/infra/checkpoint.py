@@ -18,15 +18,20 @@ train loop that checkpoints every few hundred steps loses little by waiting.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import pathlib
+import shutil
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+
+from hsjax.infra.errors import RunStopped
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,18 @@ _HASH_CHUNK = 1 << 22
 
 class CheckpointError(RuntimeError):
     """A checkpoint step is missing, incomplete or corrupt."""
+
+
+class NoUsableCheckpoint(CheckpointError, RunStopped):
+    """Every step of a checkpoint directory failed verification or restore: one line for run.py."""
+
+
+class DiskFull(RunStopped):
+    """A save found, or ran into, too little space; the steps saved before are untouched."""
+
+
+class NonFiniteState(RunStopped):
+    """A save was asked to write NaN or inf; refused, so no checkpoint ever holds them."""
 
 
 class Restored(NamedTuple):
@@ -147,6 +164,47 @@ def _restore_args_as_saved(metadata_tree, device):
             jax.tree.map(restore_arg, metadata_tree, is_leaf=is_leaf))
 
 
+# ----------------------------------------------------------------------------- refusals
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, is ENOSPC (orbax passes tensorstore's as a
+    ValueError whose text holds "No space left on device")."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def directory_bytes(path: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@jax.jit
+def _finite_leaves(leaves):
+    return [jnp.all(jnp.isfinite(x)) for x in leaves]
+
+
+def refuse_nonfinite(step: int, state_pytree) -> None:
+    """NonFiniteState naming the first leaves holding NaN or inf; one reduction per float leaf and
+    one transfer of the flags, little next to writing the state."""
+    named = [(jax.tree_util.keystr(path), leaf)
+             for path, leaf in jax.tree_util.tree_flatten_with_path(state_pytree)[0]
+             if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    if not named:
+        return
+    flags = jax.device_get(_finite_leaves([leaf for _, leaf in named]))
+    bad = [name for (name, _), ok in zip(named, flags) if not ok]
+    if bad:
+        raise NonFiniteState(
+            f"Refusing to save checkpoint step {step}: {len(bad)} arrays hold NaN or inf "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); the steps saved before are "
+            "kept. Find where the values went non-finite (docs/training.md, loss.nonfinite)")
+
+
 # ----------------------------------------------------------------------------- checkpointer
 
 
@@ -194,17 +252,65 @@ class Checkpointer:
                 raise CheckpointError(
                     f"Checkpoint step {step} already exists at {self.step_dir(step)}; "
                     "delete it or save under a new step.")
+        refuse_nonfinite(step, state_pytree)
+        self._check_space(step)
         args = ocp.args.Composite(**{
             _STATE: ocp.args.StandardSave(state_pytree),
             _HOST: ocp.args.JsonSave(host_state),
         })
-        self._manager.save(step, args=args, force=True)
-        self._manager.wait_until_finished()
-        if jax.process_index() == 0:
-            write_manifest(self.step_dir(step), step)
+        try:
+            self._manager.save(step, args=args, force=True)
+            self._manager.wait_until_finished()
+            if jax.process_index() == 0:
+                write_manifest(self.step_dir(step), step)
+        except Exception as e:  # orbax and tensorstore wrap ENOSPC in ValueError, OSError, ...
+            if not is_disk_full(e):
+                raise
+            self._discard_partial(step)
+            raise DiskFull(self._disk_full_message(step, "ran out of space while writing")) from e
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices(f"hsjax_checkpoint_manifest_{step}")
+
+    # ------------------------------------------------------------------------- a full disk
+    # orbax writes a step's arrays as concurrent tensorstore writes; when one fails (ENOSPC) the
+    # others are left pending on an event loop orbax has already closed, and they print "Event
+    # loop is closed" tracebacks as they finish and at exit. So a save that cannot fit is refused
+    # before orbax starts, when the run's newest step shows how much one takes; the first save of a
+    # run, or a disk filled by someone else meanwhile, still ends in DiskFull, with that noise after it.
+
+    def _free_bytes(self) -> int:
+        path = self.directory
+        while not path.exists():
+            path = path.parent
+        return shutil.disk_usage(path).free
+
+    def _check_space(self, step: int) -> None:
+        """DiskFull before writing anything when the newest saved step would not fit again."""
+        steps = [s for s in self.all_steps() if s != step]
+        if not steps:
+            return
+        needed = directory_bytes(self.step_dir(steps[-1]))
+        if needed > self._free_bytes():
+            raise DiskFull(self._disk_full_message(step, f"would need about {needed / 2**20:.1f} MiB",
+                                                   steps))
+
+    def _disk_full_message(self, step: int, what: str, steps=None) -> str:
+        steps = steps if steps is not None else [s for s in self.all_steps() if s != step]
+        kept = (f"the latest checkpoint, step {steps[-1]}, is intact" if steps
+                else "no earlier checkpoint exists")
+        return (f"No space left on device for checkpoint step {step} in {self.directory}: the save "
+                f"{what}, {self._free_bytes() / 2**20:.1f} MiB are free; {kept}. Free space there or "
+                "pass a --workdir on a larger disk, then rerun the same command to resume")
+
+    def _discard_partial(self, step: int) -> None:
+        """Removes what the failed save wrote (orbax's temporary directory, or a step without its
+        manifest), so the space is free again; neither would ever be restored."""
+        for path in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(path, ignore_errors=True)
+        if not (self.step_dir(step) / MANIFEST_NAME).exists():
+            shutil.rmtree(self.step_dir(step), ignore_errors=True)
+            self._manager.reload()
 
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()
@@ -237,7 +343,8 @@ class Checkpointer:
         """The newest step that verifies and restores; None when there is no checkpoint at all.
 
         Corrupt steps are skipped with a warning; if every step is corrupt, raises
-        CheckpointError listing each step's problem.
+        `NoUsableCheckpoint` (a `CheckpointError` that run.py prints as one line) listing each
+        step's problem and the fix.
         """
         steps = self.all_steps()
         if not steps:
@@ -245,13 +352,16 @@ class Checkpointer:
         errors = []
         for step in reversed(steps):
             try:
-                return self.restore(step, template_state)
+                restored = self.restore(step, template_state)
             except CheckpointError as e:
-                log.warning("Skipping checkpoint: %s", e)
-                errors.append(str(e))
-        raise CheckpointError(
-            f"All {len(steps)} checkpoints in {self.directory} are unusable:\n  "
-            + "\n  ".join(errors))
+                errors.append(" ".join(str(e).split())[:300])
+                continue
+            for error in errors:  # said only on a fallback: with none usable, the error says it all
+                log.warning("Skipping checkpoint: %s", error)
+            return restored
+        raise NoUsableCheckpoint(
+            f"All {len(steps)} checkpoints in {self.directory} are unusable ({'; '.join(errors)}). "
+            f"Move or delete {self.directory} to start this run from step 0, or pass another --workdir")
 
     def load_params(self, step: int | None = None, subtree: str | None = "params"):
         """Restores the saved state (or its `subtree`, e.g. params) as saved, with no template.

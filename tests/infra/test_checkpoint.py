@@ -10,6 +10,7 @@ import optax
 import pytest
 
 from hsjax.infra import checkpoint as ckpt_lib
+from hsjax.infra.errors import RunStopped
 
 
 def make_state(seed: int):
@@ -143,6 +144,18 @@ def test_all_corrupt_is_a_clear_error(tmp_path):
         ckpt.restore_latest(make_state(0))
     message = str(err.value)
     assert "All 2 checkpoints" in message and "step 5" in message and "step 6" in message
+    # One line that run.py prints as such (a RunStopped), naming the directory and the fix.
+    assert isinstance(err.value, ckpt_lib.NoUsableCheckpoint) and isinstance(err.value, RunStopped)
+    assert "\n" not in message and f"Move or delete {ckpt.directory}" in message
+
+
+def test_nonfinite_state_is_never_saved(tmp_path):
+    ckpt = save_steps(tmp_path, [1])
+    state = make_state(2)
+    state["params"]["layers"]["w_bf16"] = state["params"]["layers"]["w_bf16"].at[0, 0, 0].set(jnp.inf)
+    with pytest.raises(ckpt_lib.NonFiniteState, match=r"step 2: 1 arrays hold NaN or inf .*w_bf16"):
+        ckpt.save(2, state, host_state(2))
+    assert ckpt.all_steps() == [1]
 
 
 def test_crash_mid_save_is_never_restored(tmp_path):
