@@ -161,16 +161,37 @@ def compute_grads(params, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
     return grads, metrics
 
 
+def all_finite(tree) -> jax.Array:
+    """True when no floating-point leaf of `tree` holds a NaN or an infinity. Leaf by leaf, not
+    through a norm: the square of a huge but finite weight overflows a norm to inf."""
+    flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+             if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
+
+
 def train_step(state: TrainState, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
                optimizer: Optimizer, num_micro_batches: int = 1,
                micro_T: Optional[Tuple[int, ...]] = None):
-    """One GRPO update; pure. Returns the new state and a dict of scalar metrics."""
+    """One GRPO update; pure. Returns the new state and a dict of scalar metrics.
+
+    A non-finite update leaves params and optimizer state as they were (`step` and `rng` still
+    advance, so the schedule follows the loop's steps) and sets `metrics["train/nonfinite"]` to 1.
+    """
     grads, metrics = compute_grads(state.params, batch, cfg=cfg, loss_cfg=loss_cfg,
                                    num_micro_batches=num_micro_batches, micro_T=micro_T)
     updates, opt_state = optimizer.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     rng, _ = jax.random.split(state.rng)
     metrics["grad_norm"] = optax.tree.norm(grads)
+    # A non-finite loss or gradient (a NaN reward, an overflow) or non-finite new params (a
+    # learning rate that blows the weights up while the loss stays 0) is never applied: the step
+    # keeps the params and optimizer state it started with and says so in `train/nonfinite`; the
+    # loop then stops or goes on (`loss.nonfinite`). Checked here, so no extra host sync.
+    finite = (jnp.isfinite(metrics["loss/total"]) & jnp.isfinite(metrics["grad_norm"])
+              & all_finite(params))
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                     (params, opt_state), (state.params, state.opt_state))
+    metrics["train/nonfinite"] = 1.0 - finite.astype(jnp.float32)
     metrics["lr"] = jnp.asarray(optimizer.lr_schedule(state.step), jnp.float32)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, rng=rng)
     return new_state, metrics

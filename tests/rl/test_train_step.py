@@ -310,3 +310,42 @@ def test_optimizer_schedule_clipping_and_decay_mask():
     grads = {"w": jnp.full((1,), 1e3)}
     updates, _ = clip.tx.update(grads, clip.tx.init(grads), grads)
     np.testing.assert_allclose(np.asarray(updates["w"]), [-1 / 3], rtol=1e-5)
+
+
+@pytest.mark.parametrize("poison", ["nan_reward", "huge_lr"])
+def test_a_nonfinite_update_is_not_applied_and_is_flagged(poison):
+    """A NaN reward (NaN loss and gradients) or a learning rate that overflows the weights while the
+    loss stays finite: the jitted step keeps params and optimizer state, flags the step, and the
+    next finite step updates as usual."""
+    lr = 1e38 if poison == "huge_lr" else 3e-4
+    optimizer = make_optimizer(learning_rate=lr, warmup_steps=0, total_steps=100, weight_decay=0.5)
+    batch = on_policy(make_batch([([1, 0], []), ([0, 1], [])], seed=3), params0())
+    if poison == "nan_reward":
+        batch = batch.replace(reward_B=np.where(np.arange(batch.reward_B.shape[0]) == 1, np.nan,
+                                                batch.reward_B).astype(np.float32))
+    step = grpo.jit_train_step(CFG, LossConfig(), optimizer)
+    state = new_state(optimizer)
+    before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+    state, metrics = step(state, batch)
+    if poison == "huge_lr":  # the first step only grows the weights to ~1e37; the second overflows
+        assert float(metrics["train/nonfinite"]) == 0.0
+        before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+        state, metrics = step(state, batch)
+    else:
+        assert not np.isfinite(float(metrics["loss/total"]))
+    assert float(metrics["train/nonfinite"]) == 1.0
+    assert int(state.step) == (2 if poison == "huge_lr" else 1)
+    for x, y in zip(jax.tree.leaves(before), jax.tree.leaves((state.params, state.opt_state))):
+        np.testing.assert_array_equal(x, np.asarray(y))
+    assert bool(grpo.all_finite(state.params))
+    if poison == "nan_reward":
+        state, metrics = step(state, on_policy(make_batch([([1, 0], []), ([0, 1], [])], seed=3), params0()))
+        assert float(metrics["train/nonfinite"]) == 0.0
+        assert any(not np.array_equal(x, np.asarray(y))
+                   for x, y in zip(jax.tree.leaves(before[0]), jax.tree.leaves(state.params)))
+
+
+def test_all_finite_looks_at_every_float_leaf_not_a_norm():
+    assert bool(grpo.all_finite({"a": jnp.full(3, 1e30), "n": jnp.arange(3)}))  # its norm would be inf
+    assert not bool(grpo.all_finite({"a": jnp.ones(3), "b": jnp.array([1.0, jnp.inf])}))
+    assert not bool(grpo.all_finite([jnp.array([jnp.nan], jnp.bfloat16)]))
