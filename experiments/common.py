@@ -152,7 +152,8 @@ def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, e
                          "beta": 0.0, "is_cap": 2.0,
                          "is_weight": "capped",  # capped | one (w = 1 on re-contextualised rescue rows)
                          "rescue_context": "as_generated",  # as_generated | base
-                         "rescue_baseline": "rescue"})  # rescue | with_base (see docs/training.md)
+                         "rescue_baseline": "rescue",  # rescue | with_base (see docs/training.md)
+                         "nonfinite": "stop"})  # a non-finite update: stop | skip (docs/training.md)
     c.optim = ConfigDict({"learning_rate": 1e-6, "warmup_steps": 10, "weight_decay": 0.01, "max_grad_norm": 1.0,
                           "schedule_steps": 0})  # steps of the warm-up + cosine schedule; 0 = total_steps
     c.batch = ConfigDict({"T_buckets": (512, 1024, 2048, 4096, 8192), "micro_batches": 1,

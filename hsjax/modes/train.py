@@ -25,6 +25,7 @@ from hsjax.harness_s.rescue import plan_rescue, rescue_failed_groups
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import console, distributed, host_memory, sharding
 from hsjax.infra import metrics as metrics_lib
+from hsjax.infra.errors import RunStopped, UserError
 from hsjax.rl import batch as batch_lib
 from hsjax.rl import grpo, optim
 from hsjax.rl.losses import LossConfig
@@ -126,6 +127,29 @@ def to_group_rollouts(tasks, groups, rescued, base_name, harness_ids, rerender):
     return out
 
 
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+def nonfinite_cause(metrics) -> str:
+    """Which part of an update flagged `train/nonfinite` was not finite, from its metrics."""
+    loss, grad_norm = metrics.get("loss/total"), metrics.get("grad_norm")
+    if not np.isfinite(loss):
+        return f"the loss is {loss}"
+    if not np.isfinite(grad_norm):
+        return f"the gradient norm is {grad_norm}"
+    return f"the updated parameters overflowed (learning rate {metrics.get('lr'):.3g})"
+
+
+def nonfinite_stop(done: int, metrics, saved_steps) -> RunStopped:
+    """The one line that ends a run whose update at step `done` was not finite."""
+    kept = (f"the latest checkpoint, step {saved_steps[-1]}, is intact" if saved_steps
+            else "no checkpoint was saved yet")
+    return RunStopped(
+        f"step {done}: the update was not finite ({nonfinite_cause(metrics)}); it was not applied, "
+        f"nothing of it was saved, and {kept}. Lower optim.learning_rate or check the rewards, or "
+        "set --config.loss.nonfinite=skip to skip such steps and count them (train/nonfinite_steps)")
+
+
 def in_base_context(bench, base, tokenizer):
     """`rerender(task, traj)`: a rescue trajectory with its opening context replaced by the base
     harness's, so the update trains its actions "as if" taken under the base (`rescue_context='base'`)."""
@@ -174,6 +198,9 @@ def step_metrics(groups, rescued, outcomes, update_metrics, rollouts: dict, dapo
 
 
 def main(config, workdir: str) -> dict:
+    if config.loss.nonfinite not in NONFINITE_POLICIES:
+        raise UserError(f"loss.nonfinite={config.loss.nonfinite!r} is not one of {NONFINITE_POLICIES}: "
+                        "'stop' ends the run at a non-finite update, 'skip' skips it and counts it")
     host_memory.release_after_compiles()  # the compiler's working memory, before a program runs
     # ----------------------------------------------------------------------------------------------
     # Mesh.
@@ -265,7 +292,7 @@ def main(config, workdir: str) -> dict:
 
     # ----------------------------------------------------------------------------------------------
     # Loop.
-    totals = {"rollouts/total": 0, "rollouts/rescue_total": 0}
+    totals = {"rollouts/total": 0, "rollouts/rescue_total": 0, "train/nonfinite_steps": 0}
     previous = metrics_lib.read_metrics(workdir)
     if previous:
         totals = {k: previous[-1].get(k, 0) for k in totals}
@@ -318,6 +345,13 @@ def main(config, workdir: str) -> dict:
             # its time and memory scale with.
             metrics["batch/T"] = max(micro_T) if micro_T else int(packed.tokens_BxT.shape[1])
             t_update = time.perf_counter() - t0
+            # The update was not applied if it was not finite (grpo.train_step); stop before
+            # anything of this step is written, or go on and count it.
+            if metrics["train/nonfinite"]:
+                if config.loss.nonfinite == "stop":
+                    raise nonfinite_stop(step + 1, metrics, checkpointer.all_steps())
+                totals["train/nonfinite_steps"] += 1
+                log.warning("step %d skipped: %s", step + 1, nonfinite_cause(metrics))
 
             totals["rollouts/total"] += metrics["rollouts/base"] + metrics["rollouts/rescue"]
             totals["rollouts/rescue_total"] += metrics["rollouts/rescue"]
