@@ -290,6 +290,21 @@ def parse_chat_request(body, *, model_name: str, default_max_tokens: int, max_to
                            include_usage=usage)
 
 
+def _check_prompt_sizes(prompt, max_prompts: int, max_tokens: int | None) -> None:
+    """Too many prompts, or a token-id prompt longer than the context, are refused before each prompt
+    and id is looked at (and before the request waits in the queue for the worker's context check)."""
+    if not isinstance(prompt, list) or not prompt:
+        return
+    many = isinstance(prompt[0], (list, str))
+    if many and len(prompt) > max_prompts:
+        raise bad_request(f"'prompt' holds {len(prompt)} prompts, more than the {max_prompts} sequences this server "
+                          "samples at once (serve.max_batch); send fewer", "prompt")
+    for i, p in enumerate(prompt if many else [prompt]):
+        if max_tokens is not None and isinstance(p, list) and len(p) > max_tokens:
+            raise bad_request(f"prompt {i} has {len(p)} token ids, more than the context limit {max_tokens}; "
+                              "shorten it", "prompt", "context_length_exceeded")
+
+
 def _parse_prompts(prompt, max_chars: int | None = None) -> tuple[str | tuple[int, ...], ...]:
     """`prompt` as a tuple of prompts: a string (at most `max_chars` characters), a list of token ids,
     or a list of either."""
@@ -313,15 +328,17 @@ def _parse_prompts(prompt, max_chars: int | None = None) -> tuple[str | tuple[in
 
 def parse_completion_request(body, *, model_name: str, default_max_tokens: int, max_tokens_limit: int,
                              max_stop_strings: int = MAX_STOP_STRINGS, max_stop_chars: int = MAX_STOP_CHARS,
-                             max_rows: int = 8, max_prompt_chars: int | None = None) -> GenerateRequest:
+                             max_rows: int = 8, max_prompt_chars: int | None = None,
+                             max_prompt_tokens: int | None = None) -> GenerateRequest:
     """Validates a completions body (`prompt` and the sampling fields; `logprobs` an integer 0-20,
     the number of alternatives per token, as OpenAI's legacy endpoint; a text prompt at most
-    `max_prompt_chars` characters)."""
+    `max_prompt_chars` characters, a token-id prompt at most `max_prompt_tokens` ids)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     check_fields(body, COMPLETION_FIELDS)
     if body.get("prompt") is None:
         raise bad_request("'prompt' is required: a string or a list of token ids", "prompt")
+    _check_prompt_sizes(body["prompt"], max_rows, max_prompt_tokens)
     prompts = _parse_prompts(body["prompt"], max_prompt_chars)
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -195,7 +196,7 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await generate(request, parse_completion_request)
+        return await generate(request, functools.partial(parse_completion_request, max_prompt_tokens=max_context))
 
     return app
 

@@ -1,14 +1,8 @@
 """The OpenAI-compatible server against real uvicorn servers on 127.0.0.1 (ephemeral ports)."""
 import json
 import logging
-import os
-import pathlib
 import re
-import socket
-import subprocess
-import sys
 import threading
-import time
 
 import httpx
 import jax
@@ -26,8 +20,8 @@ from hsjax.llm.http_policy import HttpChatPolicy
 from hsjax.rollout.policy import JaxPolicy, PolicyError, SamplingParams, render_prompt
 from hsjax.rollout.scripted import ScriptedTokenPolicy
 from hsjax.harness_s.router.voters import LLMVoter, VoteRequest, VoterSpec, vote_all
+from tests.serve_process import tiny_server
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "system", "content": "You answer briefly."},
             {"role": "user", "content": "Which table holds the orders?"}]
 SQL_MESSAGES = [{"role": "user", "content": "SELECT name FROM users"}]
@@ -311,40 +305,11 @@ def test_load_policy_from_a_workdir_checkpoint(tiny_dir, tmp_path):
         serve_mode.load_policy(ml_collections.ConfigDict({"hf_dir": "", "checkpoint": str(tmp_path / "train")}))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_run_py_serves_the_tiny_variant(tmp_path):
-    port = _free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(
-        [sys.executable, "run.py", "--config", "experiments/serve.py:tiny",
-         f"--config.serve.port={port}", "--config.serve.log_level=warning",
-         "--workdir", str(tmp_path / "serve")],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "server did not come up within 120 s"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120,
+    with tiny_server(tmp_path / "serve") as proc:
+        resp = httpx.post(f"http://127.0.0.1:{proc.port}/v1/chat/completions", timeout=120,
                           json={"model": "tiny_model", "messages": MESSAGES, "max_tokens": 4})
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["completion_tokens"] <= 4
         saved = json.loads((tmp_path / "serve" / "config.json").read_text())
         assert saved["mode"] == "serve" and saved["serve"]["init_tiny"] is True
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
