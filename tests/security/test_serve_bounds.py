@@ -68,18 +68,27 @@ class RSSWatch:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """The running server, started again if an attack killed it (so that, on a server without the
-    bounds, each test fails for its own attack rather than for the one before)."""
+    """The running server, started again if an attack killed it or its worker (so that, on a server
+    without the bounds, each test fails for its own attack rather than for the one before)."""
     with contextlib.ExitStack() as stack:
         started = []
 
         def current() -> subprocess.Popen:
-            if not started or started[-1].poll() is not None:
+            if not started or not healthy(started[-1]):
+                if started:
+                    started[-1].kill()
                 workdir = tmp_path_factory.mktemp("serve") / "workdir"
                 started.append(stack.enter_context(tiny_server(workdir)))
             return started[-1]
 
         yield current
+
+
+def healthy(proc: subprocess.Popen) -> bool:
+    try:
+        return proc.poll() is None and httpx.get(f"http://127.0.0.1:{proc.port}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 @pytest.fixture
