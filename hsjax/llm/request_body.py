@@ -3,8 +3,8 @@
 Three bounds, each answered in OpenAI's error shape instead of an out-of-memory kill or a 500:
 - size (413): an announced `Content-Length` past `max_bytes` is refused before a byte of the body
   is read; a chunked or unannounced body is counted as its pieces arrive and refused at the first
-  byte past the bound. Nothing beyond `max_bytes` is held (uvicorn itself buffers at most its
-  64 KiB flow-control window per connection until the app reads).
+  piece past the bound. No more than `max_bytes` plus one piece is held (uvicorn buffers at most
+  its 64 KiB flow-control window per connection until the app reads).
 - nesting (400): arrays and objects nested deeper than `max_depth`. Python's JSON parser recurses
   once per level and raises RecursionError near 1,000; the bound is checked on the raw bytes first
   (strings blanked out, then a running count of brackets), so neither the parser nor anything that
