@@ -13,12 +13,13 @@ orbax's rename but before the save returned. A step without a valid manifest is 
 `restore_latest` logs why and falls back to the previous step.
 
 Saving is synchronous: the manifest can only be written once every byte is on disk, and a
-train loop that checkpoints every few hundred steps loses little by waiting.
+train loop that checkpoints every few hundred steps loses little by waiting. A save refuses NaN or
+inf and a disk without room, each as one line (`checkpoint_guards.py`); when no step is usable,
+`restore_latest` says so in one line too.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -28,9 +29,10 @@ import shutil
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from hsjax.infra.checkpoint_guards import (DiskFull, NonFiniteState, directory_bytes,  # noqa: F401
+                                           is_disk_full, refuse_nonfinite)
 from hsjax.infra.errors import RunStopped
 
 log = logging.getLogger(__name__)
@@ -46,14 +48,6 @@ class CheckpointError(RuntimeError):
 
 class NoUsableCheckpoint(CheckpointError, RunStopped):
     """Every step of a checkpoint directory failed verification or restore: one line for run.py."""
-
-
-class DiskFull(RunStopped):
-    """A save found, or ran into, too little space; the steps saved before are untouched."""
-
-
-class NonFiniteState(RunStopped):
-    """A save was asked to write NaN or inf; refused, so no checkpoint ever holds them."""
 
 
 class Restored(NamedTuple):
@@ -162,47 +156,6 @@ def _restore_args_as_saved(metadata_tree, device):
     is_leaf = lambda m: isinstance(m, (ocp.metadata.ArrayMetadata, ocp.metadata.ScalarMetadata))
     return (jax.tree.map(target, metadata_tree, is_leaf=is_leaf),
             jax.tree.map(restore_arg, metadata_tree, is_leaf=is_leaf))
-
-
-# ----------------------------------------------------------------------------- refusals
-
-
-def is_disk_full(error: BaseException) -> bool:
-    """Whether `error`, or an error it was raised from, is ENOSPC (orbax passes tensorstore's as a
-    ValueError whose text holds "No space left on device")."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def directory_bytes(path: pathlib.Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-@jax.jit
-def _finite_leaves(leaves):
-    return [jnp.all(jnp.isfinite(x)) for x in leaves]
-
-
-def refuse_nonfinite(step: int, state_pytree) -> None:
-    """NonFiniteState naming the first leaves holding NaN or inf; one reduction per float leaf and
-    one transfer of the flags, little next to writing the state."""
-    named = [(jax.tree_util.keystr(path), leaf)
-             for path, leaf in jax.tree_util.tree_flatten_with_path(state_pytree)[0]
-             if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)]
-    if not named:
-        return
-    flags = jax.device_get(_finite_leaves([leaf for _, leaf in named]))
-    bad = [name for (name, _), ok in zip(named, flags) if not ok]
-    if bad:
-        raise NonFiniteState(
-            f"Refusing to save checkpoint step {step}: {len(bad)} arrays hold NaN or inf "
-            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); the steps saved before are "
-            "kept. Find where the values went non-finite (docs/training.md, loss.nonfinite)")
 
 
 # ----------------------------------------------------------------------------- checkpointer

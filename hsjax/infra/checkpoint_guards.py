@@ -1,0 +1,58 @@
+"""What a checkpoint save refuses before, or recognises during, orbax's write: NaN or inf in the
+state, and a disk without room (docs/checkpoints.md, "What a save refuses"). Both end a run with
+one line (`RunStopped`); `hsjax.infra.checkpoint.Checkpointer.save` calls these."""
+from __future__ import annotations
+
+import errno
+import pathlib
+
+import jax
+import jax.numpy as jnp
+
+from hsjax.infra.errors import RunStopped
+
+
+class DiskFull(RunStopped):
+    """A save found, or ran into, too little space; the steps saved before are untouched."""
+
+
+class NonFiniteState(RunStopped):
+    """A save was asked to write NaN or inf; refused, so no checkpoint ever holds them."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, is ENOSPC (orbax passes tensorstore's as a
+    ValueError whose text holds "No space left on device")."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def directory_bytes(path: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@jax.jit
+def _finite_leaves(leaves):
+    return [jnp.all(jnp.isfinite(x)) for x in leaves]
+
+
+def refuse_nonfinite(step: int, state_pytree) -> None:
+    """NonFiniteState naming the first leaves holding NaN or inf; one reduction per float leaf and
+    one transfer of the flags, little next to writing the state."""
+    named = [(jax.tree_util.keystr(path), leaf)
+             for path, leaf in jax.tree_util.tree_flatten_with_path(state_pytree)[0]
+             if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    if not named:
+        return
+    flags = jax.device_get(_finite_leaves([leaf for _, leaf in named]))
+    bad = [name for (name, _), ok in zip(named, flags) if not ok]
+    if bad:
+        raise NonFiniteState(
+            f"Refusing to save checkpoint step {step}: {len(bad)} arrays hold NaN or inf "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); the steps saved before are "
+            "kept. Find where the values went non-finite (docs/training.md, loss.nonfinite)")
