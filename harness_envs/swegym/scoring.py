@@ -21,20 +21,23 @@ sections of a log that has them, so that a test's captured output cannot pose as
 from __future__ import annotations
 
 import dataclasses
+import os
+import posixpath
 import re
 import shlex
 import time
 
+from harness_envs.swegym import pytest_infra, pytest_run
 from harness_envs.swegym.instances import Instance
-from harness_envs.swegym.runtime import Runtime, Workspace
+from harness_envs.swegym.runtime import Runtime, Workspace, WorkspaceError, files_of_tests
 
-__all__ = ["FAILURES", "Report", "evaluate", "parse_pytest_log", "passing", "unsafe_paths"]
+__all__ = ["FAILURES", "Report", "evaluate", "parse_pytest_log", "passing", "touched_paths", "unsafe_paths"]
 
 STATUSES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 PASSING = ("PASSED", "XFAIL")
 FAILING = ("FAILED", "ERROR")
-FAILURES = (None, "empty_patch", "patch_does_not_apply", "test_patch_does_not_apply", "f2p_failing", "p2p_broken",
-            "test_timeout")
+FAILURES = (None, "empty_patch", "patch_does_not_apply", "test_infrastructure", "test_patch_does_not_apply",
+            "f2p_failing", "p2p_broken", "test_timeout", "no_test_report", "test_run_tampered")
 LOG_CHARS = 32 << 20
 TAIL_CHARS = 4000
 _ALIASES = {"XFAILED": "XFAIL", "XPASSED": "XPASS", "PASS": "PASSED", "FAIL": "FAILED"}
@@ -180,6 +183,20 @@ def unsafe_paths(patch: str) -> list[str]:
     return sorted(set(bad))
 
 
+def touched_paths(patch: str) -> list[str]:
+    """Every tree path `patch` names in any header form, each both as written and without its first
+    component (`a/x` and `x`: -p1 strips it, `Index:` lines have none), /dev/null left out. A
+    superset of what the patch changes: enough to refuse on, never to apply by."""
+    out = set()
+    for path in _header_paths(patch):
+        bare = _unquote(path)
+        if bare != "/dev/null" and bare:
+            out.add(bare)
+            if "/" in bare:
+                out.add(bare.split("/", 1)[1])
+    return sorted(out)
+
+
 def _changed_files(patch: str) -> tuple[list[str], list[str]]:
     """(files the patch modifies or deletes, files it creates), as tree paths (`a/`, `b/` cut).
 
@@ -252,12 +269,15 @@ def evaluate(instance: Instance, model_patch: str, runtime: Runtime, timeout_s: 
     """Scores `model_patch` on `instance` in a fresh workspace of `runtime` (closed afterwards).
 
     `failure` says why an unresolved patch failed, first cause first: patch_does_not_apply,
-    test_patch_does_not_apply, test_timeout, empty_patch (an empty patch is still run: its report
-    carries the test counts), f2p_failing, p2p_broken. A time-out fails even if the log it left
-    names every test passing. WorkspaceError when no workspace can be made (a missing repository or
-    image is the set-up's fault, never the patch's)."""
+    test_infrastructure (the patch changes how tests are collected, run or reported: refused),
+    test_patch_does_not_apply, test_timeout, no_test_report (the run ended without the driver's
+    report), test_run_tampered (pytest's code was replaced while the tests ran), empty_patch (an
+    empty patch is still run: its report carries the test counts), f2p_failing, p2p_broken. A
+    time-out fails even if the tests it ran passed. WorkspaceError when no workspace can be made (a
+    missing repository or image is the set-up's fault, never the patch's)."""
     t0 = time.monotonic()
     f2p, p2p = instance.FAIL_TO_PASS, instance.PASS_TO_PASS
+    files = files_of_tests(f2p + p2p)
 
     def report(applied, method, failure, log, statuses=None):
         statuses = statuses or {}
@@ -266,6 +286,7 @@ def evaluate(instance: Instance, model_patch: str, runtime: Runtime, timeout_s: 
                       failure is None, failure, time.monotonic() - t0, log[-TAIL_CHARS:])
 
     with runtime.workspace(instance) as ws:
+        inifile = pytest_infra.find_inifile(files, lambda path: _read(ws, path))  # the base commit's
         empty = not model_patch.strip()
         method = None
         if not empty:
@@ -273,36 +294,84 @@ def evaluate(instance: Instance, model_patch: str, runtime: Runtime, timeout_s: 
             if bad:
                 return report(False, None, "patch_does_not_apply", f"refused: the patch names paths outside "
                                                                    f"the tree or inside .git: {bad}")
+            touched = touched_paths(model_patch)
+            infrastructure = pytest_infra.infrastructure_paths(touched)
+            if infrastructure:
+                return report(False, None, "test_infrastructure", f"refused: the patch changes test "
+                                                                  f"infrastructure: {infrastructure}")
+            configs = [p for p in touched if posixpath.basename(p) in pytest_infra.CONFIG_FILES]
+            sections = {p: pytest_infra.pytest_section(p, _read(ws, p)) for p in configs}
             method, log = _apply(ws, model_patch)
             if method is None:
                 return report(False, None, "patch_does_not_apply", log)
-        if instance.test_patch.strip():
-            failed = _apply_test_patch(ws, instance)
-            if failed is not None:
-                return report(not empty, method, "test_patch_does_not_apply", failed)
-        result = ws.run(runtime.test_command(instance, f2p + p2p), timeout_s=timeout_s, output_chars=LOG_CHARS)
-        statuses = parse_pytest_log(result.output)
-        f2p_ok = all(passing(statuses, t) for t in f2p)
-        p2p_ok = all(passing(statuses, t) for t in p2p)
-        failure = ("test_timeout" if result.timed_out else None if f2p_ok and p2p_ok else "empty_patch" if empty
-                   else "f2p_failing" if not f2p_ok else "p2p_broken")
-        return report(not empty, method, failure, result.output, statuses)
+            changed = sorted(p for p in configs if pytest_infra.pytest_section(p, _read(ws, p)) != sections[p])
+            if changed:
+                return report(True, method, "test_infrastructure", f"refused: the patch changes the pytest "
+                                                                   f"section of {changed}")
+        failed = _reset_tests(ws, instance, files)
+        if failed is not None:
+            return report(not empty, method, "test_patch_does_not_apply", failed)
+        stdin, nonce = pytest_run.driver_input(inifile, instance.extra.get("test_cmd"), files)
+        result = ws.run(pytest_run.COMMAND, timeout_s=timeout_s, stdin=stdin, output_chars=LOG_CHARS)
+        run, missing = pytest_run.read_report(result.output, nonce)
+        log = "\n".join(line for line in result.output.splitlines() if not line.startswith(nonce))
+        if result.timed_out:
+            return report(not empty, method, "test_timeout", log)
+        if run is None:
+            return report(not empty, method, "no_test_report", f"{log}\n[scorer] {missing}")
+        hooked = _patched_hooks(ws.root, run.hooked_files, touched_paths(model_patch))
+        if hooked:
+            return report(not empty, method, "test_infrastructure", f"{log}\n[scorer] refused: pytest ran hooks "
+                                                                    f"from files the patch changes: {hooked}")
+        if run.replaced:
+            return report(not empty, method, "test_run_tampered", f"{log}\n[scorer] pytest's code was replaced "
+                                                                  f"while the tests ran: {list(run.replaced)[:10]}")
+        f2p_ok = all(passing(run.statuses, t) for t in f2p)
+        p2p_ok = all(passing(run.statuses, t) for t in p2p)
+        failure = None if f2p_ok and p2p_ok else "empty_patch" if empty else "f2p_failing" if not f2p_ok else "p2p_broken"
+        return report(not empty, method, failure, log, run.statuses)
 
 
-def _apply_test_patch(ws: Workspace, instance: Instance) -> str | None:
-    """Resets the test patch's files to the base commit, applies it; None, or the log of the failure."""
-    if unsafe_paths(instance.test_patch):
+def _read(ws: Workspace, path: str) -> str | None:
+    """The text of a tree file, None if it is absent or not a readable text file."""
+    try:
+        return ws.read_file(path) if ws.exists(path) == "file" else None
+    except WorkspaceError:
+        return None
+
+
+def _patched_hooks(root: str, hooked_files: tuple[str, ...], touched: list[str]) -> list[str]:
+    """The files of pytest plugins and hooks that the patch wrote, or that are no file at all (code
+    made by `exec` or `compile`, which the patch alone can have put there)."""
+    root = root.rstrip("/") + "/"
+    out = []
+    for path in hooked_files:
+        if not os.path.isabs(path):
+            out.append(path)
+        elif path.startswith(root) and path[len(root):] in touched:
+            out.append(path[len(root):])
+    return sorted(set(out))
+
+
+def _reset_tests(ws: Workspace, instance: Instance, files: list[str]) -> str | None:
+    """Resets the test files the scorer runs and those the test patch touches to the base commit
+    (deleting those it creates), then applies the test patch; None, or the log of the failure. The
+    tests are the instance's: a model's edit of one (a reproduction test added, an assertion
+    loosened) never reaches the run."""
+    if instance.test_patch.strip() and unsafe_paths(instance.test_patch):
         return f"the test patch names unsafe paths: {unsafe_paths(instance.test_patch)}"
-    modified, created = _changed_files(instance.test_patch)
-    steps = []
+    modified, created = _changed_files(instance.test_patch) if instance.test_patch.strip() else ([], [])
+    base = shlex.quote(instance.base_commit)
+    steps = [f"for f in {' '.join(shlex.quote(f) for f in files)}; do "
+             f"if git cat-file -e {base}:\"$f\" 2>/dev/null; then git checkout -q {base} -- \"$f\" || exit 1; fi; done"]
     if modified:
-        steps.append(f"git checkout -q {shlex.quote(instance.base_commit)} -- "
-                     + " ".join(shlex.quote(f) for f in modified))
+        steps.append(f"git checkout -q {base} -- " + " ".join(shlex.quote(f) for f in modified))
     if created:
         steps.append("rm -rf -- " + " ".join(shlex.quote(f) for f in created))
-    if steps:
-        reset = ws.run(" && ".join(steps))
-        if reset.returncode != 0:
-            return f"resetting the test files failed: {reset.output}"
+    reset = ws.run(" && ".join(steps))
+    if reset.returncode != 0:
+        return f"resetting the test files failed: {reset.output}"
+    if not instance.test_patch.strip():
+        return None
     method, log = _apply(ws, instance.test_patch)
     return log if method is None else None
