@@ -1,22 +1,27 @@
-"""Scoring a patch as SWE-bench does: apply it to a fresh checkout, apply the test patch, run the test
-files, and call the instance resolved iff every FAIL_TO_PASS and every PASS_TO_PASS test passes.
+"""Scoring a patch as SWE-bench does, stricter about who reports: apply it to a fresh checkout,
+apply the test patch, run the test files, and call the instance resolved iff every FAIL_TO_PASS and
+every PASS_TO_PASS test passes (docs/swegym.md, "Scoring").
 
 `evaluate` uses nothing but the `Workspace` interface, so both runtimes score the same way:
-1. a fresh workspace at `base_commit`;
+1. a fresh workspace at `base_commit`; the file that configures pytest there is noted
+   (`pytest_infra.find_inifile`) before any patch;
 2. the model patch, fed on stdin (never a file the tests could read), through `git apply -v`, else
    `patch --batch --fuzz=5 -p1` (SWE-bench's fallback; dry run first, so a patch is applied whole or
    not at all). Model patches are hostile input: one that names an absolute path, a `..` step or a
-   `.git` directory is refused before either tool sees it (git apply and GNU patch 2.7 refuse most
-   such names too, but the scorer does not rely on a tool's version), and under the local runtime
-   both tools run inside the sandbox (writes: the tree, a private /tmp);
-3. the files the test patch touches are reset to the base commit (deleted if it creates them), so
-   the model cannot have pre-edited the tests, then the test patch is applied;
-4. `runtime.test_command(instance, FAIL_TO_PASS + PASS_TO_PASS)`, its log parsed by `parse_pytest_log`.
+   `.git` directory is refused before either tool sees it, and so is one that touches test
+   infrastructure (`pytest_infra`: conftest.py, pytest.ini, sitecustomize.py, .pth, ...; a changed
+   pytest section of setup.cfg/tox.ini/pyproject.toml is refused once applied). Refused, not
+   restored: in RL the refusal is what teaches a policy not to try;
+3. the test files the scorer runs and those the test patch touches are reset to the base commit
+   (deleted if the test patch creates them), so the model cannot have pre-edited the tests, then the
+   test patch is applied;
+4. the tests run through `pytest_driver.py` (`python -I -`, the base's pytest config, no plugin
+   auto-loading), and the statuses are read from its nonce-framed report (`pytest_run`), never from
+   the log the tested code can print into.
 
-A test passes iff its status is PASSED or XFAIL; a test the log does not name fails (a collection
-error, a crash, a time-out). The log is the output of code the model wrote, which can print what it
-likes: SWE-bench shares this weakness. Summary-form lines are read only inside the short-summary
-sections of a log that has them, so that a test's captured output cannot pose as a result by accident.
+A test passes iff its status is PASSED or XFAIL; a test the report does not name fails (a
+collection error, a crash, a time-out). `parse_pytest_log`, the log parser the scorer used before,
+stays for the builder, which runs code it wrote itself.
 """
 from __future__ import annotations
 
