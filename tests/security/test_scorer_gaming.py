@@ -138,3 +138,22 @@ def test_the_gold_fix_still_resolves_even_beside_a_model_written_test(cache, ins
     with_test = scoring.evaluate(instance, instance.patch + extra_test, runtime, timeout_s=120)
     assert (with_test.resolved, with_test.failure) == (True, None)
 
+
+
+SECOND_LINE = {**{name: "f2p_failing" for name in EXPECTED}, "conftest_at_the_root": "test_infrastructure",
+               "conftest_beside_the_tests": "test_infrastructure", "pyproject_addopts": "test_infrastructure",
+               "fake_PASSED_lines_then_exit": "no_test_report",
+               "package_import_rewrites_pytest_reports": "test_run_tampered"}
+
+
+@pytest.mark.parametrize("attack", sorted(SECOND_LINE))
+def test_the_driver_alone_stops_each_attack_when_the_refusal_is_bypassed(cache, instance, runtime, attack,
+                                                                          monkeypatch):
+    """Defence in depth: with the refusal by name and by pytest section switched off, the driver's
+    pinned configuration, isolated interpreter and hook provenance still leave every attack unresolved
+    (f2p_failing: the file was never read; test_infrastructure: pytest ran a hook from the patch)."""
+    from harness_envs.swegym import pytest_infra
+    monkeypatch.setattr(pytest_infra, "infrastructure_paths", lambda paths: [])
+    monkeypatch.setattr(pytest_infra, "CONFIG_FILES", ())  # no pytest section compared
+    report = scoring.evaluate(instance, attacks(cache, instance)[attack], runtime, timeout_s=120)
+    assert (report.resolved, report.failure) == (False, SECOND_LINE[attack]), report.log_tail[-2000:]
