@@ -1,21 +1,25 @@
 """Sandboxes for untrusted agent code: a persistent Python REPL per episode, or one command at a time.
 
 Agent code is hostile input. Whatever it does, it runs in a separate process that
+- runs as a uid of its own when this process is root (`SandboxUser`: the REPL leases one for its
+  life, a SWE-Gym workspace for its own), with no capabilities and no_new_privs, in every isolation
+  mode: it cannot signal, ptrace or read the memory of its parent, write what root owns, read
+  /etc/shadow, or raise its limits; every process of that uid is killed when the REPL stops or
+  closes (a `setsid` daemon included);
+- gets an explicit minimal environment (`child_env`), never the parent's: no API key reaches it;
 - holds resource limits it cannot raise (`Limits`: CPU seconds, address space, file size, open
-  files, optionally processes), set by the process itself before any agent code runs;
-- has no network and sees the file system read-only except its episode directory, when
-  bubblewrap (`bwrap`, Debian package `bubblewrap`) is installed: `--unshare-net`, `--ro-bind / /`,
-  `--bind <episode dir>`, new PID/IPC/UTS namespaces, `--die-with-parent`, and `hide` paths covered by
-  an empty tmpfs (the project's own source, so agent code cannot read task generators);
-- without bubblewrap, `unshare --net` (network only) or nothing; the Python REPL then relies on
-  its inner wall alone (an audit hook refusing sockets, processes, native code and writes outside
-  the episode directory; `sandbox_child.py`). `isolation()` says which one a machine gets;
+  files, optionally processes, and a disk quota for the episode directory), set by the process
+  itself before any agent code runs;
+- under bubblewrap (`bwrap`, Debian package `bubblewrap`) sees only an allow-list of the file system
+  (`sandbox_mounts`: system programs and libraries, its interpreter, what the caller shows, its
+  episode directory) and has no network, its own PID/IPC/UTS namespaces and `--die-with-parent`;
+  without bubblewrap, `unshare --net` (network only; root parents) or, asked for explicitly,
+  nothing (`isolation()` says which one a machine gets, and refuses agent code where none is safe);
+- in the REPL, also meets an inner wall (an audit hook and import guards refusing sockets,
+  processes, native code and writes outside the episode directory; `sandbox_child.py`): a second
+  line, never the boundary;
 - is killed with its whole process group when a cell or command passes its wall-clock limit;
-- returns bounded output, and on any exception the traceback of the agent's own code as text;
-- for `run_command(user=...)`, runs as an unprivileged uid: a parent running as root drops to it
-  inside the child, after the rlimits and before the command (`SandboxUser` leases a uid of its own
-  to each workspace). The kernel never applies RLIMIT_NPROC to root, and root inside bubblewrap
-  keeps nearly every capability (CAP_SYS_ADMIN among them); the uid has neither.
+- returns bounded output, and on any exception the traceback of the agent's own code as text.
 
 `PythonSandbox` is the REPL (AppWorld-style code cells, state kept between cells) with an optional
 bridge object whose calls the parent answers (`apis.app.api(...)`: the world's state stays in the
@@ -25,7 +29,6 @@ benchmarks) under the same walls. docs/appworld.md gives the measured overheads.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import functools
 import json
 import math
@@ -34,17 +37,20 @@ import pathlib
 import select
 import shutil
 import signal
-import stat
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Callable, Sequence
+
+from harness_envs.sandbox_mounts import bwrap_argv, disk_usage, interpreter, mount_quota, unmount
+from harness_envs.sandbox_users import SANDBOX_UIDS, UID_LOCKS, SandboxUser, closed_ancestor  # noqa: F401 (API)
+from hsjax.infra.errors import UserError
 
 CHILD_SOURCE = (pathlib.Path(__file__).with_name("sandbox_child.py")).read_text()
 ISOLATIONS = ("auto", "bwrap", "unshare", "none")
 _MAX_MESSAGE_BYTES = 1 << 24
 _START_TIMEOUT_S = 20.0
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +58,9 @@ class Limits:
     """What one sandbox process may use. `wall_s` bounds each cell or command; `cpu_s` the process's
     whole life (an episode of cells); `nproc` is RLIMIT_NPROC as the kernel counts it (every
     process and thread of the user, machine-wide; never applied to root: run commands as a
-    `SandboxUser`), None to leave it."""
+    `SandboxUser`), None to leave it; `disk_mb` the episode directory's quota (a REPL's own
+    directory is a tmpfs of that size when the parent is root, else its usage is checked after
+    each cell; `run_command` leaves it to the caller), None for none."""
 
     wall_s: float = 10.0
     cpu_s: int = 60
@@ -61,6 +69,7 @@ class Limits:
     open_files: int = 64
     nproc: int | None = None
     output_chars: int = 20_000
+    disk_mb: int | None = 64
 
     def to_child(self, user: tuple[int, int] | None = None) -> str:
         return json.dumps({"cpu_s": self.cpu_s, "memory_mb": self.memory_mb, "file_mb": self.file_mb,
@@ -103,62 +112,59 @@ def _works(argv: tuple[str, ...]) -> bool:
         return False
 
 
-def isolation(requested: str = "auto") -> str:
-    """The isolation this machine gives: `bwrap` if bubblewrap runs, else `unshare` if a network
-    namespace can be made, else `none`. Asking for one that does not work is an error."""
-    if requested not in ISOLATIONS:
-        raise ValueError(f"sandbox isolation {requested!r} is not one of {ISOLATIONS}")
+def _available() -> tuple[bool, bool]:
+    """(bubblewrap runs, `unshare --net` runs) on this machine."""
     bwrap_ok = shutil.which("bwrap") is not None and _works(("bwrap", "--ro-bind", "/", "/", "--unshare-net", "--"))
     unshare_ok = shutil.which("unshare") is not None and _works(tuple(_unshare_prefix()))
-    if requested == "auto":
-        return "bwrap" if bwrap_ok else "unshare" if unshare_ok else "none"
-    if (requested == "bwrap" and not bwrap_ok) or (requested == "unshare" and not unshare_ok):
-        raise RuntimeError(f"sandbox isolation {requested!r} does not work on this machine; install bubblewrap "
-                           "(apt-get install bubblewrap) or use isolation='auto'")
-    return requested
+    return bwrap_ok, unshare_ok
+
+
+def isolation(requested: str = "auto") -> str:
+    """The isolation this machine gives agent code, or a one-line `UserError` where none is safe.
+
+    `auto` is `bwrap` when bubblewrap runs; else, for a root parent, `unshare` (a network namespace;
+    the code runs as a leased uid). Where neither holds (no bubblewrap and no network namespace, or
+    not root so no uid of its own without bubblewrap's user namespace) agent code is refused: the
+    only way to run it then is asking for `none` explicitly, which runs it without walls (as a
+    leased uid still when root). Asking for `bwrap` or `unshare` where it does not work, or for
+    `unshare` without root (it would run the code as this user), is the same one-line error."""
+    if requested not in ISOLATIONS:
+        raise UserError(f"sandbox isolation {requested!r} is not one of {ISOLATIONS}")
+    if requested == "none":
+        return "none"
+    bwrap_ok, unshare_ok = _available()
+    root = os.geteuid() == 0
+    if requested in ("auto", "bwrap") and bwrap_ok:
+        return "bwrap"
+    if requested in ("auto", "unshare") and unshare_ok and root:
+        return "unshare"
+    why = ("bubblewrap does not run here" if requested == "bwrap" else
+           "`unshare --net` does not run here" if requested == "unshare" and not unshare_ok else
+           "without root, `unshare` cannot give the code a uid of its own" if requested == "unshare" else
+           "neither bubblewrap nor (as root) `unshare --net` runs here")
+    raise UserError(f"sandbox isolation {requested!r}: {why}, so agent code cannot be kept off this user, its "
+                    "files and the network; install bubblewrap (apt-get install bubblewrap), or set isolation "
+                    "'none' to run it without walls on purpose")
 
 
 def _unshare_prefix() -> list[str]:
     return ["unshare", "--net"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
 
 
+def child_env(home: str, path: str = SYSTEM_PATH, **extra: str) -> dict[str, str]:
+    """The whole environment of a sandbox process: never the parent's (no API key, token or
+    credential of this process reaches agent code); `extra` adds what a use site needs."""
+    return {"PATH": path, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **extra}
+
+
 def wrap(argv: Sequence[str], workdir: str, mode: str, hide: Sequence[str] = (), *,
-         binds: Sequence[tuple[str, str]] = (), show: Sequence[str] = (), enterable: bool = False) -> list[str]:
-    """`argv` inside the isolation `mode` (a resolved one: bwrap, unshare or none).
-
-    Under bwrap the mounts stack in this order, each able to cover the ones before: `/` read-only,
-    an empty tmpfs over each `hide` path, the writable `binds` (host source, sandbox destination;
-    e.g. a private directory as `/tmp`), the read-only `show` paths (re-exposed after a `hide` or a
-    bind covered them), and `workdir`, writable, last, so that nothing covers it. The directories
-    bubblewrap makes on the way to a mount are root's with mode 0700; `enterable` makes them 0755
-    (`--dir`, a no-op where one exists), for a command that drops to another uid. The other modes
-    have no file-system walls and ignore `hide`, `binds` and `show`."""
+         binds: Sequence[tuple[str, str]] = (), show: Sequence[str] = (), drop_to_user: bool = False) -> list[str]:
+    """`argv` inside the isolation `mode` (a resolved one: bwrap, unshare or none). Under bwrap the
+    allow-listed mounts of `sandbox_mounts` (`show` read-only, `binds` writable, `workdir` writable
+    last, `hide` only inside those); the other modes have no file-system walls and ignore `hide`,
+    `binds` and `show`."""
     if mode == "bwrap":
-        prefix = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-
-        def mount(kind: str, source: str, dest: str) -> None:
-            if enterable:
-                parents = pathlib.PurePosixPath(dest).parents
-                for parent in reversed([str(p) for p in parents if str(p) != "/"]):
-                    prefix.extend(["--dir", parent])
-            prefix.extend([kind, source, dest])
-
-        hidden = [os.path.realpath(p) for p in hide if os.path.isdir(p)]
-        for path in hidden:
-            prefix += ["--tmpfs", path]
-        # The base interpreter (the child runs `python -I -S`) stays visible even under a hidden path.
-        keep = os.path.realpath(sys.base_prefix)
-        if any(keep == h or keep.startswith(h + os.sep) for h in hidden):
-            mount("--ro-bind", keep, keep)
-        for source, dest in binds:
-            mount("--bind", os.path.realpath(source), dest)
-        for path in show:
-            mount("--ro-bind", os.path.realpath(path), os.path.realpath(path))
-        workdir = os.path.realpath(workdir)
-        mount("--bind", workdir, workdir)
-        prefix += ["--chdir", workdir, "--unshare-net", "--unshare-pid",
-                   "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session", "--"]
-        return prefix + list(argv)
+        return bwrap_argv(argv, workdir, hide=hide, binds=binds, show=show, drop_to_user=drop_to_user)
     if mode == "unshare":
         return _unshare_prefix() + ["--"] + list(argv)
     if mode == "none":
@@ -166,16 +172,9 @@ def wrap(argv: Sequence[str], workdir: str, mode: str, hide: Sequence[str] = (),
     raise ValueError(f"wrap needs a resolved isolation (bwrap, unshare, none), got {mode!r}")
 
 
-def _python(hide: Sequence[str]) -> str:
-    """An interpreter path that stays visible when `hide` paths are covered: the base interpreter
-    (the child needs only the standard library), which `wrap` keeps visible."""
-    if not hide:
-        return sys.executable
-    exe = os.path.realpath(sys.executable)
-    hidden = [os.path.realpath(p) for p in hide]
-    if any(exe.startswith(h + os.sep) for h in hidden):  # a venv made with --copies
-        exe = os.path.join(sys.base_prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")
-    return exe
+def _child_argv(role: str, limits: "Limits", workdir: str, pipes: str, rest: Sequence[str],
+                user: tuple[int, int] | None) -> list[str]:
+    return [interpreter()[0], "-I", "-S", "-c", CHILD_SOURCE, role, limits.to_child(user), workdir, pipes, *rest]
 
 
 def _readable(fd: int, timeout_s: float) -> bool:
@@ -213,33 +212,54 @@ class PythonSandbox:
     timeout or a crash, which loses the variables). `bridge` names the object through which cells
     call the parent; `on_call(path, args, kwargs)` answers those calls (an exception it raises
     reaches the cell as an exception of the same class name and message). `workdir` None: a fresh
-    temporary directory, removed by `close()`."""
+    temporary directory, removed by `close()`.
+
+    When this process is root the REPL leases a uid (`SandboxUser`, from `uids`) for its whole
+    life and its child drops to it before the first cell; its own directory is then a tmpfs of
+    `limits.disk_mb` (`sandbox_mounts.mount_quota`: a hard limit, ENOSPC past it). A directory
+    the caller gives is made the uid's instead, and its usage is checked after each cell, as it
+    is where no tmpfs can be mounted: past the quota the REPL is stopped, the directory emptied
+    and the cell ends in a `DiskQuotaError`. Every process of the uid is killed whenever the REPL
+    stops (timeout, crash, close)."""
 
     def __init__(self, limits: Limits = Limits(), *, workdir: str | None = None, isolation_mode: str = "auto",
                  bridge: str = "", on_call: Callable[[list, list, dict], Any] | None = None,
-                 hide: Sequence[str] = ()):
+                 hide: Sequence[str] = (), uids: range = SANDBOX_UIDS):
         self.limits, self.bridge, self.on_call, self.hide = limits, bridge, on_call, tuple(hide)
         self.mode = isolation(isolation_mode)
         self._own_dir = workdir is None
-        self.workdir = workdir or tempfile.mkdtemp(prefix="hsjax-sandbox-")
+        self.workdir = os.path.realpath(workdir or tempfile.mkdtemp(prefix="hsjax-sandbox-"))
         self._proc: subprocess.Popen | None = None
         self._to_child = self._from_child = None
         self._buffer = b""
         self.cells = 0
         self.starts = 0
+        self.user: SandboxUser | None = None
+        self.quota_mounted = False
+        try:
+            if os.geteuid() == 0:
+                self.user = SandboxUser.lease(uids)
+                if self._own_dir and limits.disk_mb:
+                    self.quota_mounted = mount_quota(self.workdir, limits.disk_mb, *self.user.ids)
+                if not self.quota_mounted:
+                    self.user.own(self.workdir)
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ life cycle
 
     def _start(self) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        argv = [_python(self.hide), "-I", "-S", "-c", CHILD_SOURCE, "repl", self.limits.to_child(), self.workdir,
-                f"{to_child_r},{from_child_w}", self.bridge]
+        user = self.user.ids if self.user is not None else None
+        argv = _child_argv("repl", self.limits, self.workdir, f"{to_child_r},{from_child_w}", [self.bridge], user)
         try:
             self._proc = subprocess.Popen(
-                wrap(argv, self.workdir, self.mode, self.hide), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, pass_fds=(to_child_r, from_child_w), start_new_session=True,
-                cwd=self.workdir)
+                wrap(argv, self.workdir, self.mode, self.hide, drop_to_user=user is not None),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(to_child_r, from_child_w), start_new_session=True, cwd=self.workdir,
+                env=child_env(self.workdir))
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -263,11 +283,19 @@ class PythonSandbox:
         self._to_child = self._from_child = None
         if proc is not None:
             _kill(proc)
+        if self.user is not None:
+            self.user.kill_all()  # what the cells started outside the process group (setsid) dies too
 
     def close(self) -> None:
         self._stop()
+        if self.quota_mounted:
+            unmount(self.workdir)
+            self.quota_mounted = False
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.user is not None:
+            self.user.release()
+            self.user = None
 
     def __enter__(self):
         return self
@@ -277,7 +305,7 @@ class PythonSandbox:
 
     def __del__(self):
         try:
-            self._stop()
+            self.close() if self._own_dir else self._stop()
         except Exception:
             pass
 
@@ -335,6 +363,9 @@ class PythonSandbox:
                 return self._failed(t0, "")
             op = message.get("op")
             if op == "done":
+                over = self._over_quota()
+                if over:
+                    return self._failed(t0, over, error="DiskQuotaError")
                 return CellResult(str(message.get("output") or ""), error=message.get("error"),
                                   traceback=message.get("traceback"), dropped=int(message.get("dropped") or 0),
                                   seconds=time.monotonic() - t0)
@@ -353,7 +384,22 @@ class PythonSandbox:
         except Exception as e:
             return {"op": "reply", "ok": False, "type": type(e).__name__, "message": str(e)}
 
-    def _failed(self, t0: float, why: str) -> CellResult:
+    def _over_quota(self) -> str:
+        """Why the episode directory is past its quota ("" if it is not); checked where no quota
+        tmpfs bounds it. Past it, the directory is emptied (the REPL restarts with it)."""
+        if self.quota_mounted or not self.limits.disk_mb:
+            return ""
+        used = disk_usage(self.workdir)
+        if used <= self.limits.disk_mb << 20:
+            return ""
+        self._stop()
+        for entry in os.listdir(self.workdir):
+            path = os.path.join(self.workdir, entry)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        return (f"the episode directory held {used / (1 << 20):.0f} MB, more than its quota of "
+                f"{self.limits.disk_mb} MB (Limits.disk_mb), so its files were removed")
+
+    def _failed(self, t0: float, why: str, error: str = "SandboxError") -> CellResult:
         proc = self._proc
         returncode = None
         if proc is not None:
@@ -363,9 +409,9 @@ class PythonSandbox:
                 pass
         self._stop()
         state = _death(returncode) if returncode is not None else "stopped answering"
-        text = (f"SandboxError: the REPL process {state}{'; ' + why if why else ''}; it was restarted, so "
+        text = (f"{error}: the REPL process {state}{'; ' + why if why else ''}; it was restarted, so "
                 "earlier variables are gone")
-        return CellResult("", error="SandboxError", traceback=text, crashed=True, seconds=time.monotonic() - t0)
+        return CellResult("", error=error, traceback=text, crashed=True, seconds=time.monotonic() - t0)
 
 
 def run_command(argv: Sequence[str] | str, workdir: str, limits: Limits = Limits(), *, isolation_mode: str = "auto",
@@ -375,21 +421,25 @@ def run_command(argv: Sequence[str] | str, workdir: str, limits: Limits = Limits
     """Runs one command (a string runs under `bash -c`) inside the walls, in `workdir`, with stdout
     and stderr merged and cut at `limits.output_chars`. `stdin` is the command's standard input
     (none by default), passed through an unnamed temporary file so that a large input can never
-    block against the output pipe; `binds` and `show` as in `wrap`.
+    block against the output pipe; `binds` and `show` as in `wrap`. `env` is the command's whole
+    environment (None: `child_env(workdir)`); the parent's is never passed on by default.
 
     `user` (uid, gid; a root parent only): the command runs as that uid with that gid and no
     supplementary groups, no capabilities and no way to gain privileges again (no_new_privs, so no
     setuid binary either); the child checks that root cannot be regained, else it runs nothing and
     exits with status 126. Whatever the command must write (`workdir`, the `binds`) must then be
-    that uid's (`SandboxUser.own`), and what it runs reachable by it (`closed_ancestor`)."""
+    that uid's (`SandboxUser.own`), and what it runs reachable by it (`show` under bubblewrap;
+    `closed_ancestor` elsewhere). The caller kills the uid's processes when its episode ends
+    (`SandboxUser.kill_all`): a command in `unshare`/`none` mode has no PID namespace to end them."""
     if isinstance(argv, str):
         argv = ["bash", "-c", argv]
     if user is not None and os.geteuid() != 0:
         raise ValueError(f"run_command(user={tuple(user)}) needs a parent running as root (euid 0, not "
                          f"{os.geteuid()}); pass user=None")
     mode = isolation(isolation_mode)
-    full = wrap([_python(hide), "-I", "-S", "-c", CHILD_SOURCE, "exec", limits.to_child(user), workdir, "-", *argv],
-                workdir, mode, hide, binds=binds, show=show, enterable=user is not None)
+    full = wrap(_child_argv("exec", limits, workdir, "-", argv, user), workdir, mode, hide, binds=binds, show=show,
+                drop_to_user=user is not None)
+    env = child_env(workdir) if env is None else env
     with tempfile.TemporaryFile() as source:
         if stdin is not None:
             source.write(stdin.encode() if isinstance(stdin, str) else stdin)
@@ -432,88 +482,3 @@ def _collect(full: list[str], workdir: str, limits: Limits, env: dict | None, st
                          timed_out=timed_out, seconds=time.monotonic() - t0)
 
 
-# ---------------------------------------------------------------------------------------- own uids
-
-# Uids leased to workspaces, gid = uid: above the subordinate ids that `useradd` hands out by default
-# (/etc/subuid: 100000 up to 600100000) and below 2**31 (tools that read a uid as a signed int).
-SANDBOX_UIDS = range(1_500_000_000, 1_500_000_000 + 4096)
-UID_LOCKS = "/run/hsjax-sandbox-uids" if os.path.isdir("/run") else os.path.join(tempfile.gettempdir(),
-                                                                                   "hsjax-sandbox-uids")
-
-
-class SandboxUser:
-    """A uid (and the gid of the same number) leased to one workspace for its whole life, so that
-    RLIMIT_NPROC, which counts every process and thread of a uid machine-wide, bounds that workspace
-    and no other: concurrent workspaces never share a uid, so one fork bomb cannot starve the
-    others. The lease is an exclusive `flock` on `<locks>/<uid>`, held until `release()` or until
-    this process dies, so it is exclusive across the processes of a machine too. Root only."""
-
-    def __init__(self, uid: int, lock_fd: int):
-        self.uid, self.gid, self._lock_fd = uid, uid, lock_fd
-
-    @property
-    def ids(self) -> tuple[int, int]:
-        return self.uid, self.gid
-
-    @classmethod
-    def lease(cls, uids: range = SANDBOX_UIDS, locks: str = UID_LOCKS) -> "SandboxUser":
-        """The first uid of `uids` that no other workspace of the machine holds."""
-        if os.geteuid() != 0:
-            raise PermissionError(f"sandbox uids can be leased only by root (this process runs as uid {os.geteuid()})")
-        os.makedirs(locks, mode=0o700, exist_ok=True)
-        info = os.lstat(locks)
-        if not os.path.isdir(locks) or os.path.islink(locks) or info.st_uid != 0 or info.st_mode & 0o022:
-            raise PermissionError(f"{locks}: the uid lock directory must be root's own, not a link, and "
-                                  "writable by nobody else; remove it and retry")
-        for uid in uids:
-            fd = os.open(os.path.join(locks, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            return cls(uid, fd)
-        raise RuntimeError(f"all {len(uids)} sandbox uids ({uids.start}..{uids.stop - 1}) are leased: too many "
-                           "workspaces open at once on this machine; close some or pass a longer range")
-
-    def own(self, path: str) -> None:
-        """Makes `path` and everything under it this uid's (`lchown`: links are not followed)."""
-        os.lchown(path, self.uid, self.gid)
-        stack = [path] if os.path.isdir(path) and not os.path.islink(path) else []
-        while stack:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    os.lchown(entry.path, self.uid, self.gid)
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-
-    def kill_all(self) -> None:
-        """SIGKILLs every process of this uid (`kill -KILL -1` run as the uid: the kernel signals
-        them all in one pass, so a fork bomb cannot outrun it)."""
-        subprocess.run(["/bin/sh", "-c", "kill -KILL -1"], user=self.uid, group=self.gid, extra_groups=[], env={},
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       cwd="/", timeout=30)
-
-    def release(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
-    def __del__(self):
-        self.release()
-
-
-def closed_ancestor(path: str) -> str | None:
-    """The outermost directory on the way to `path` (itself included) that users other than its
-    owner and group cannot enter (no `o+x`; `/root` is the usual one), or None. Under bubblewrap an
-    empty tmpfs `hide` over it plus `show` of `path` makes `path` reachable by a sandbox uid."""
-    parts = pathlib.PurePosixPath(os.path.realpath(path)).parts
-    for i in range(1, len(parts) + 1):
-        directory = os.path.join(*parts[:i])
-        try:
-            info = os.stat(directory)
-        except FileNotFoundError:
-            return None
-        if stat.S_ISDIR(info.st_mode) and not info.st_mode & stat.S_IXOTH:
-            return directory
-    return None

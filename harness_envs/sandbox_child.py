@@ -46,7 +46,39 @@ _set(resource.RLIMIT_FSIZE, LIMITS.get("file_mb", -1) * 1024 * 1024 if LIMITS.ge
 _set(resource.RLIMIT_NOFILE, LIMITS.get("open_files"))
 _set(resource.RLIMIT_NPROC, LIMITS.get("nproc"))
 _set(resource.RLIMIT_CORE, 0)
-os.chdir(WORKDIR)
+
+
+def _drop_privileges(uid, gid):
+    """For good, after the limits (RLIMIT_NPROC now binds) and before any agent code: no_new_privs
+    first (no setuid binary or file capability can lift the code back), then the groups, the gid
+    and the uid (real, effective and saved: every capability goes with them). Root that could come
+    back, or ids that did not change, run nothing (exit status 126)."""
+    try:
+        # `os.execvp` imports `warnings`: now, while the standard library is surely readable.
+        import ctypes, warnings  # noqa: F401,E401
+        if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        if os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3 or os.getgroups():
+            raise OSError(f"the ids are {os.getresuid()}/{os.getresgid()}/{os.getgroups()}")
+        with open("/proc/self/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        if int(status["CapEff"], 16) or int(status["CapPrm"], 16) or status["NoNewPrivs"].strip() != "1":
+            raise OSError(f"capabilities {status['CapEff'].strip()} or no_new_privs {status['NoNewPrivs'].strip()} left")
+        try:
+            os.setuid(0)
+        except PermissionError:
+            pass
+        else:
+            raise OSError("root could be regained")
+    except Exception as e:
+        os.write(2, f"sandbox: refusing to run agent code: cannot run it as uid {uid}: {e}\n".encode())
+        os._exit(126)
+
+
+_USER = LIMITS.get("user")
 
 if ROLE == "exec":
     # Python ignores SIGPIPE and SIGXFSZ, and an exec keeps ignored signals: give the command a
@@ -57,34 +89,35 @@ if ROLE == "exec":
     for name in ("SIGPIPE", "SIGXFSZ"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
-    if LIMITS.get("user") is not None:
-        # For good, after the limits (RLIMIT_NPROC now binds) and before the command: no_new_privs
-        # first (no setuid binary or file capability can lift the command back), then the groups,
-        # the gid and the uid (real, effective and saved: every capability goes with them). Root
-        # that could come back, or ids that did not change, run nothing.
-        _uid, _gid = (int(x) for x in LIMITS["user"])
-        try:
-            # `os.execvp` imports `warnings`: now, while the standard library is surely readable.
-            import ctypes, warnings  # noqa: F401,E401
-            if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-                raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-            os.setgroups([])
-            os.setresgid(_gid, _gid, _gid)
-            os.setresuid(_uid, _uid, _uid)
-            if os.getresuid() != (_uid,) * 3 or os.getresgid() != (_gid,) * 3 or os.getgroups():
-                raise OSError(f"the ids are {os.getresuid()}/{os.getresgid()}/{os.getgroups()}")
-            try:
-                os.setuid(0)
-            except PermissionError:
-                pass
-            else:
-                raise OSError("root could be regained")
-        except Exception as e:
-            os.write(2, f"sandbox: refusing to run the command: cannot run it as uid {_uid}: {e}\n".encode())
-            os._exit(126)
+    if _USER is not None:
+        _drop_privileges(*(int(x) for x in _USER))
+    os.chdir(WORKDIR)  # after the drop: the directory is the uid's (mode 0700), which root without caps cannot enter
     os.execvp(sys.argv[5], sys.argv[5:])
 
 # ---------------------------------------------------------------- the inner wall (repl only)
+#
+# A second line behind the uid, the mounts and the namespaces, never the boundary: Python code can
+# reach any object of its own process (`__globals__`, `__closure__` and frames are not audited), so
+# a determined cell can undo what is below; it stops the obvious and the aliased routes only.
+
+# Loaded before the drop, while the interpreter's own directories are surely readable: without
+# bubblewrap they may lie under one the leased uid cannot enter (/root/.pyenv), and these are what
+# agent code commonly imports. None of them loads a refused module.
+_PRELOAD = ("json", "re", "math", "cmath", "datetime", "time", "calendar", "collections", "collections.abc",
+            "itertools", "functools", "operator", "random", "string", "textwrap", "statistics", "decimal",
+            "fractions", "copy", "pprint", "heapq", "bisect", "base64", "hashlib", "typing", "enum", "uuid",
+            "difflib", "zoneinfo", "csv", "io", "unicodedata", "traceback", "linecache", "encodings.idna", "tempfile",
+            "shutil", "pathlib", "glob", "fnmatch", "dataclasses", "abc", "contextlib", "types", "weakref", "struct",
+            "array", "numbers", "secrets", "html", "urllib.parse", "pickle", "gzip", "zlib", "threading", "queue",
+            "warnings", "inspect", "ast", "keyword", "locale", "logging", "argparse", "sqlite3")
+for _name in _PRELOAD:
+    try:
+        __import__(_name)
+    except Exception:
+        pass
+if _USER is not None:
+    _drop_privileges(*(int(x) for x in _USER))
+os.chdir(WORKDIR)
 
 _FD_IN, _REPLY_FD = (int(fd) for fd in sys.argv[4].split(","))
 _REQUEST = os.fdopen(_FD_IN, "r", encoding="utf-8")
@@ -92,12 +125,59 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _REFUSED = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
             "os.forkpty", "os.kill", "os.killpg", "pty.", "ctypes.", "os.putenv", "os.unsetenv",
             "sys._current_frames", "resource.setrlimit", "resource.prlimit", "mmap.", "webbrowser.", "ftplib.",
-            "http.", "urllib.", "smtplib.", "imaplib.", "poplib.", "nntplib.", "telnetlib.")
+            "http.", "urllib.", "smtplib.", "imaplib.", "poplib.", "nntplib.", "telnetlib.", "os.setns",
+            "os.unshare")
 _PATH_WRITES = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
                 "os.symlink", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move",
                 "os.chdir", "os.chroot")
-_REFUSED_IMPORTS = ("ctypes", "_ctypes", "_posixsubprocess", "multiprocessing", "_multiprocessing", "socket",
-                    "_socket", "ssl", "_ssl", "select", "asyncio", "signal", "resource", "faulthandler")
+# Refused as any component of a module name (`x._posixsubprocess` too), as an import and as an
+# extension or built-in module created by hand (`_imp.create_dynamic`/`create_builtin`, which
+# `ExtensionFileLoader` and `BuiltinImporter` call): the loaders' own names are refused too.
+_REFUSED_MODULES = frozenset((
+    "ctypes", "_ctypes", "_posixsubprocess", "multiprocessing", "_multiprocessing", "socket", "_socket", "ssl",
+    "_ssl", "select", "selectors", "asyncio", "_asyncio", "signal", "_signal", "resource", "faulthandler",
+    "subprocess", "pty", "fcntl", "termios", "mmap", "_posixshmem", "_imp", "imp", "importlib",
+    "_frozen_importlib", "_frozen_importlib_external", "zipimport", "gc", "_xxsubinterpreters", "_testcapi",
+    "_testinternalcapi", "readline"))
+
+
+def _refused_name(name):
+    return any(part in _REFUSED_MODULES for part in str(name).split("."))
+
+
+def _module_stem(spec):
+    """`_posixsubprocess` for `.../_posixsubprocess.cpython-311-x86_64-linux-gnu.so`: the module a
+    file really is, whatever name a loader was given for it."""
+    return os.path.basename(str(getattr(spec, "origin", None) or "")).split(".")[0]
+
+
+def _seal():
+    """Closes the back doors a cell could reach without an import event: the loader module `_imp`
+    is wrapped so that no refused extension or built-in module can be created under any name,
+    refused modules already loaded leave `sys.modules` (an `import` of them then raises the audit
+    event the hook refuses), and the functions that reach other processes without an audit event
+    (`pidfd_open`, `pidfd_send_signal`, `pthread_kill`) leave the modules that hold them."""
+    import _imp
+    create_dynamic, create_builtin = _imp.create_dynamic, _imp.create_builtin
+
+    def guarded_dynamic(spec, *args):
+        if _refused_name(getattr(spec, "name", "")) or _module_stem(spec) in _REFUSED_MODULES:
+            raise ImportError(f"sandbox: loading {_module_stem(spec) or spec!r} is not allowed here")
+        return create_dynamic(spec, *args)
+
+    def guarded_builtin(spec):
+        if _refused_name(getattr(spec, "name", "")):
+            raise ImportError(f"sandbox: loading {getattr(spec, 'name', spec)!r} is not allowed here")
+        return create_builtin(spec)
+
+    _imp.create_dynamic, _imp.create_builtin = guarded_dynamic, guarded_builtin
+    for name in list(sys.modules):
+        if _refused_name(name):
+            del sys.modules[name]
+    for module in (sys.modules.get("posix"), os, sys.modules.get("_signal")):
+        for attr in ("pidfd_open", "pidfd_send_signal", "pthread_kill", "sigqueue"):
+            if module is not None and hasattr(module, attr):
+                delattr(module, attr)
 
 
 def _inside(path) -> bool:
@@ -112,7 +192,7 @@ def _inside(path) -> bool:
 def _hook(event, args):
     if event.startswith(_REFUSED):
         raise PermissionError(f"sandbox: {event} is not allowed here")
-    if event == "import" and args[0].split(".")[0] in _REFUSED_IMPORTS:
+    if event == "import" and _refused_name(args[0]):
         raise PermissionError(f"sandbox: importing {args[0]} is not allowed here")
     if event == "open":
         path, mode, flags = args
@@ -230,6 +310,7 @@ def main():
         namespace[bridge] = _Bridge(())
     limit = int(LIMITS.get("output_chars", 20000))
     sys.stdin = open(os.devnull)
+    _seal()
     sys.addaudithook(_hook)
     _send({"op": "ready"})
     while True:

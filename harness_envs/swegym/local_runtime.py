@@ -55,8 +55,9 @@ import stat
 import subprocess
 import tempfile
 
-from harness_envs.sandbox import (SANDBOX_UIDS, CommandResult, Limits, SandboxUser, closed_ancestor, isolation,
-                                  run_command)
+from harness_envs.sandbox import (SANDBOX_UIDS, SYSTEM_PATH, CommandResult, Limits, SandboxUser, child_env,
+                                  closed_ancestor, isolation, run_command)
+from harness_envs.sandbox_mounts import disk_usage, venv_mounts
 from harness_envs.swegym.instances import Instance
 from harness_envs.swegym.runtime import Runtime, Workspace, WorkspaceError, commit_id, diff_command
 
@@ -66,15 +67,15 @@ PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_CACHE = PROJECT_ROOT / ".cache" / "swegym"
 # What one command may use (an agent's command: a test file's run at most; the scorer gives its test
 # run a longer wall clock, and `run(timeout_s=...)` widens cpu_s with it, which would end it first).
+# `disk_mb` bounds how much the workspace (tree and private /tmp) may grow over its checkout.
 DEFAULT_LIMITS = Limits(wall_s=120.0, cpu_s=600, memory_mb=8192, file_mb=256, open_files=1024, nproc=None,
-                        output_chars=30_000)
+                        output_chars=30_000, disk_mb=2048)
 # Processes and threads of one workspace's uid when `limits.nproc` is None (the container runtime's
 # default too): room for a test run with subprocesses and a BLAS thread per core, not for a bomb.
 SANDBOX_NPROC = 1024
 READ_LIMIT_BYTES = 1 << 20
 DIFF_CHARS = 16 << 20
 GIT_TIMEOUT_S = 120.0
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PRIVATE = ".hsjax-tmp"  # the workspace's /tmp, beside the tree
 GIT_IDENTITY = "[user]\n\tname = hsjax agent\n\temail = agent@hsjax.invalid\n[gc]\n\tauto = 0\n"
 
@@ -88,9 +89,9 @@ class LocalRuntime(Runtime):
     """Workspaces of the offline cache (or of any clones named `<owner>__<name>[.git]` in
     `repos_dir`, with environments `<venvs_dir>/<owner>__<name>`). `hide`: more host paths the
     agent must not see (an instance file kept outside the checkout, say). `uids`: the range each
-    workspace leases its commands' uid from (root only); "auto" is `sandbox.SANDBOX_UIDS` when this
-    process is root and the isolation is bubblewrap, else None (commands run as this process's
-    uid, as they always did)."""
+    workspace leases its commands' uid from (root only); "auto" is `sandbox.SANDBOX_UIDS` whenever
+    this process is root, in every isolation mode, else None (commands run as this process's uid,
+    which bubblewrap then maps in a user namespace of its own)."""
 
     name = "local"
 
@@ -102,7 +103,7 @@ class LocalRuntime(Runtime):
         self.venvs_dir = os.path.realpath(venvs_dir or DEFAULT_CACHE / "venvs")
         self.mode = isolation(isolation_mode)
         if uids == "auto":
-            uids = SANDBOX_UIDS if os.geteuid() == 0 and self.mode == "bwrap" else None
+            uids = SANDBOX_UIDS if os.geteuid() == 0 else None
         if uids is not None and (not isinstance(uids, range) or os.geteuid() != 0):
             raise ValueError(f"uids={uids!r}: commands run as leased uids only when this process is root and "
                              "uids is a range (or 'auto'); pass uids=None")
@@ -130,34 +131,20 @@ class LocalRuntime(Runtime):
                                  "(bin/python missing; scripts/setup_swegym.sh builds it)")
         return path
 
-    def reach(self, venv: str) -> tuple[list[str], list[str]]:
-        """(hide, show) that let a leased uid reach its tree and run the venv: the directories others
-        cannot enter on the way to `tmp_root`, the venv and its base interpreter (pyvenv.cfg's
-        `home`), covered by an empty tmpfs, and the venv and the interpreter re-exposed."""
-        if self.uids is None:
-            return [], []
-        interpreters = {os.path.dirname(os.path.dirname(os.path.realpath(os.path.join(venv, "bin", "python"))))}
-        try:
-            with open(os.path.join(venv, "pyvenv.cfg"), encoding="utf-8") as f:
-                config = {k.strip(): v.strip() for k, v in (line.split("=", 1) for line in f if "=" in line)}
-        except OSError:
-            config = {}
-        if config.get("home"):
-            interpreters.add(os.path.dirname(os.path.realpath(config["home"])))
-        hide, show = [], []
-        for path in [self.tmp_root, venv, *sorted(interpreters)]:
-            closed = closed_ancestor(path)
-            if closed is None:
-                continue
-            if self.mode != "bwrap":
-                raise WorkspaceError(f"{path} lies under {closed}, which the sandbox uids cannot enter, and only "
-                                     "bubblewrap can re-expose it; give others search permission there "
-                                     "(chmod o+x) or pass uids=None")
-            if closed not in self.hide and closed not in hide:
-                hide.append(closed)
-            if path != self.tmp_root:  # the tree is bound in place anyway
-                show.append(path)
-        return hide, show
+    def reach(self, venv: str) -> list[str]:
+        """The paths commands are shown read-only: the venv and its base interpreter. Under
+        bubblewrap they are mounted at their own paths on an allow-listed root (`sandbox_mounts`),
+        so a directory others cannot enter on the way (/root/.pyenv) does not matter; in the other
+        modes a leased uid must be able to walk to them and to the tree, else a WorkspaceError."""
+        paths = venv_mounts(venv)
+        if self.uids is not None and self.mode != "bwrap":
+            for path in [self.tmp_root, *paths]:
+                closed = closed_ancestor(path)
+                if closed is not None:
+                    raise WorkspaceError(f"{path} lies under {closed}, which the sandbox uids cannot enter, and only "
+                                         "bubblewrap can mount it elsewhere; give others search permission there "
+                                         "(chmod o+x), install bubblewrap, or pass uids=None")
+        return paths
 
     def workspace(self, instance: Instance) -> "LocalWorkspace":
         return LocalWorkspace(self, instance)
@@ -171,7 +158,7 @@ class LocalWorkspace(Workspace):
         self.base_commit = commit_id(instance.base_commit)
         source, self._venv = runtime.source(instance), runtime.venv(instance)
         self._pythonpath = _pythonpath(instance)
-        self._hide, self._show = runtime.reach(self._venv)
+        self._show = runtime.reach(self._venv)
         self.user: SandboxUser | None = None  # the uid commands run as, when the runtime leases them
         self._dir = tempfile.mkdtemp(prefix="hsjax-swegym-", dir=runtime.tmp_root)
         self.root = os.path.join(self._dir, instance.type)
@@ -183,6 +170,7 @@ class LocalWorkspace(Workspace):
             if runtime.uids is not None:
                 self.user = SandboxUser.lease(runtime.uids)
                 self.user.own(self._dir)
+            self._checkout_bytes = disk_usage(self._dir)
         except BaseException:
             self.close()
             raise
@@ -191,9 +179,9 @@ class LocalWorkspace(Workspace):
 
     def _env(self) -> dict:
         home = "/tmp" if self.runtime.mode == "bwrap" else self._private
-        env = {"PATH": f"{self._venv}/bin:{SYSTEM_PATH}", "VIRTUAL_ENV": self._venv, "HOME": home, "TMPDIR": home,
-               "PYTHONPATH": os.pathsep.join(os.path.normpath(os.path.join(self.root, p)) for p in self._pythonpath),
-               "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8", "TERM": "dumb", "GIT_CONFIG_NOSYSTEM": "1"}
+        env = child_env(home, f"{self._venv}/bin:{SYSTEM_PATH}", VIRTUAL_ENV=self._venv,
+                        PYTHONPATH=os.pathsep.join(os.path.normpath(os.path.join(self.root, p)) for p in self._pythonpath),
+                        PYTHONDONTWRITEBYTECODE="1", TERM="dumb", GIT_CONFIG_NOSYSTEM="1")
         if self.user is not None:  # the leased uid has no passwd entry: getpass.getuser() reads these
             env.update(USER="agent", LOGNAME="agent")
         return env
@@ -207,10 +195,26 @@ class LocalWorkspace(Workspace):
         if output_chars is not None:
             limits = dataclasses.replace(limits, output_chars=output_chars)
         binds = [(self._private, "/tmp")] if self.runtime.mode == "bwrap" else []
-        return run_command(command, self.root, limits, isolation_mode=self.runtime.mode,
-                           hide=[*self.runtime.hide, *self._hide], env=self._env(), binds=binds,
-                           show=[self._venv, *self._show], stdin=stdin,
-                           user=self.user.ids if self.user is not None else None)
+        result = run_command(command, self.root, limits, isolation_mode=self.runtime.mode, hide=self.runtime.hide,
+                             env=self._env(), binds=binds, show=self._show, stdin=stdin,
+                             user=self.user.ids if self.user is not None else None)
+        self._check_quota()
+        return result
+
+    def _check_quota(self) -> None:
+        """The disk quota, counted after each command (the tree must stay a host directory the
+        host reads and diffs, so no size-limited tmpfs bounds it; RLIMIT_FSIZE bounds each file
+        meanwhile): past `limits.disk_mb` of growth over the checkout, whatever the uid still runs
+        is killed and the episode ends in a WorkspaceError naming the sizes."""
+        quota = self.runtime.limits.disk_mb
+        if not quota:
+            return
+        grown = disk_usage(self._dir) - self._checkout_bytes
+        if grown > quota << 20:
+            if self.user is not None:
+                self.user.kill_all()
+            raise WorkspaceError(f"{self.instance_id}: the workspace grew by {grown / (1 << 20):.0f} MB, more than its "
+                                 f"disk quota of {quota} MB (Limits.disk_mb); the episode is stopped")
 
     def diff(self) -> str:
         result = self.run(diff_command(self.base_commit),

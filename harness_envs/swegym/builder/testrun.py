@@ -28,6 +28,7 @@ import shlex
 import shutil
 
 from harness_envs.sandbox import Limits, run_command
+from harness_envs.sandbox_mounts import venv_mounts
 from harness_envs.swegym.runtime import PYTEST
 from harness_envs.swegym.scoring import parse_pytest_log
 
@@ -92,8 +93,9 @@ def run_shell(scratch: pathlib.Path, env: dict, command: str, timeout_s: float, 
     root = (scratch / "tree").resolve()
     limits = Limits(wall_s=timeout_s, cpu_s=int(timeout_s) + 5, memory_mb=4096, file_mb=64, open_files=512,
                     output_chars=LOG_CHARS)
+    # The sandbox mounts an allow-list: the venv the environment names must be shown to the command.
     return run_command(f"cd {shlex.quote(str(root))} && {command}", str(scratch.resolve()), limits,
-                       isolation_mode=isolation_mode, env=env)
+                       isolation_mode=isolation_mode, env=env, show=venv_mounts(env["VIRTUAL_ENV"]))
 
 
 def run_pytest(scratch: pathlib.Path, venv: pathlib.Path, pythonpath: str, targets: list[str], *,
