@@ -26,7 +26,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from hsjax.infra import console, distributed  # noqa: E402
+from hsjax.infra import config_checks, console, distributed  # noqa: E402
 from hsjax.infra.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -70,12 +70,37 @@ def parse_flags(argv):
     except (flags.Error, KeyError, AttributeError, TypeError, ValueError) as e:
         if "--verbose" in argv:
             raise
+        refused = get_config_error(e)
+        if refused is not None:
+            fail(f"--config {config_argument(argv)}: {refused} (run with --verbose for the traceback)")
         message = e
         while isinstance(message, BaseException):  # KeyError(message), AttributeError(KeyError(message))
             message = message.args[0] if message.args else type(message).__name__
         detail = " ".join(str(message).split())
         fail(f"{detail} (in the command-line flags: a --config.<key> that the experiment's config does not "
              "have, or a value of the wrong type)")
+
+
+def get_config_error(error: BaseException) -> str | None:
+    """The message of what an experiment file's `get_config(arg)` raised (e.g. an unknown variant,
+    naming the variants that exist), or None if `error` is not that. ml_collections re-raises it as
+    "Error whilst parsing config file" with the whole traceback flattened into the message; the
+    original is the first exception of the chain."""
+    if "Error whilst parsing config file" not in str(error):
+        return None
+    while (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def config_argument(argv) -> str:
+    """The value given to `--config` (as `--config X` or `--config=X`), for messages."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return "?"
 
 
 def check_writable(workdir: str):
@@ -104,6 +129,10 @@ def main(argv):
     workdir = _WORKDIR.value
     if not workdir:
         fail("--workdir is required: it receives config.json, metrics and outputs")
+    try:
+        config_checks.check(config)
+    except UserError as e:
+        fail(str(e))
     module = importlib.import_module(MODES[mode])
     if hasattr(module, "unread"):
         errors = unread_overrides(config_flags.get_override_values(flags.FLAGS["config"]), module.unread(config))

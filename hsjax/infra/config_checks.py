@@ -1,0 +1,116 @@
+"""Range checks of config values, run once by `run.py` before any mode starts.
+
+A value out of range does not fail loudly where it is used: a NaN learning rate trains to NaN
+weights with loss 0, `limit=-3` evaluates all but the last three tasks, `checkpoint.every=0`
+divides by zero many steps in, a `name` holding `../` writes outside the workdir. So every such
+value is checked here, in one table, and the run ends before it starts with one line naming the
+key, the value and what is allowed (`UserError`, exit status 2).
+
+`CHECKS` is that table: (key pattern, test, what is allowed). A pattern is a dotted key or an
+`fnmatch` pattern over dotted keys (`*.timeout` is every block's timeout); a row applies only to
+the keys the config has, so one table serves every mode. Tuples are checked element by element.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from typing import Callable, Iterator
+
+from ml_collections import ConfigDict
+
+from hsjax.infra.errors import UserError
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def finite_positive(value) -> bool:
+    return _number(value) and math.isfinite(value) and value > 0
+
+
+def at_least(low: float) -> Callable[[object], bool]:
+    return lambda value: _number(value) and math.isfinite(value) and value >= low
+
+
+def within(low: float, high: float) -> Callable[[object], bool]:
+    return lambda value: _number(value) and low <= value <= high  # NaN fails both comparisons
+
+
+def file_name_part(value) -> bool:
+    """A string that names a file inside its folder: not empty, no path separator, no `..`, no NUL."""
+    return (isinstance(value, str) and value != "" and "/" not in value and "\\" not in value
+            and ".." not in value and "\0" not in value)
+
+
+POSITIVE = (finite_positive, "a finite number > 0")
+COUNT = (at_least(1), "an integer >= 1")
+NON_NEGATIVE = (at_least(0), "a finite number >= 0")
+TASK_LIMIT = (at_least(0), "an integer >= 0 (0: every task of the split)")
+SHARE = (within(0.0, 1.0), "a number in [0, 1]")
+NAME = (file_name_part, "a plain file name: not empty, without '/', '\\', '..' or NUL")
+
+# (key pattern, test, what is allowed). Only keys with a plain meaning are here; a key whose 0 or
+# negative value means something (mesh sizes, process_id=-1 = detect) is left to its reader.
+CHECKS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
+    # optimisation: a non-finite or non-positive step size silently trains to garbage
+    ("*learning_rate", *POSITIVE), ("*_lr", *POSITIVE),
+    ("optim.weight_decay", *NON_NEGATIVE), ("optim.max_grad_norm", *NON_NEGATIVE),
+    ("optim.warmup_steps", *NON_NEGATIVE), ("optim.schedule_steps", *NON_NEGATIVE),
+    # how much work: a step count or batch of zero divides by zero or does nothing
+    ("total_steps", *NON_NEGATIVE),  # 0: only score the starting policy (testbed's names_warmstart)
+    ("checkpoint.every", *COUNT), ("checkpoint.keep", *COUNT),
+    ("rollout.n", *COUNT), ("rollout.groups", *COUNT), ("batch.micro_batches", *COUNT),
+    ("runner.batch_size", *COUNT), ("*.env_workers", *COUNT), ("*batch_size", *COUNT),
+    ("rescue.k", *COUNT), ("rescue.m", *COUNT), ("dapo.max_draws", *COUNT),
+    ("log.print_every", *COUNT), ("log.every", *COUNT), ("sft.save_every", *COUNT), ("sft.steps", *COUNT),
+    ("*max_new_tokens", *COUNT), ("serve.max_batch", *COUNT), ("*.max_reply_bytes", *COUNT),
+    ("eval.every", *NON_NEGATIVE), ("log.episodes_every", *NON_NEGATIVE), ("router.reanchor_every", *NON_NEGATIVE),
+    # how many tasks: Python slicing makes a negative limit "all but the last n", silently
+    ("limit", *TASK_LIMIT), ("*.limit", *TASK_LIMIT), ("*.profile_limit", *TASK_LIMIT),
+    ("runner.max_context_tokens", *NON_NEGATIVE), ("runner.max_context_chars", *NON_NEGATIVE),
+    ("runner.max_record_chars", *NON_NEGATIVE),
+    # probabilities and shares
+    ("*.noise.*", *SHARE), ("router.explore", *SHARE), ("router.decay", *SHARE), ("router.profile_weight", *SHARE),
+    ("max_policy_error_share", *SHARE), ("*top_p", within(1e-9, 1.0), "a number in (0, 1]"),
+    # sampling
+    ("*temperature", at_least(0), "a finite number >= 0 (0 or greedy: the most likely token)"),
+    ("*top_k", *NON_NEGATIVE),
+    # patience: a zero or negative timeout fails every request at once
+    ("*.timeout", *POSITIVE), ("*timeout_s", *POSITIVE), ("*.time_budget_s", *POSITIVE), ("*.wall_s", *POSITIVE),
+    ("*.cpu_s", *POSITIVE), ("*.max_retries", *NON_NEGATIVE), ("*.backoff", *NON_NEGATIVE),
+    ("*.max_backoff", *NON_NEGATIVE), ("*.max_consecutive_failures", *NON_NEGATIVE),
+    # names that become file names under the workdir (eval/<name>.json, eval/<split>_step<N>.json)
+    ("name", *NAME), ("eval.split", *NAME), ("eval.extra_splits", *NAME),
+)
+
+
+def leaves(config: ConfigDict, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted key, value) of every leaf of `config`."""
+    for key in config.keys():
+        value = config[key]
+        if isinstance(value, ConfigDict):
+            yield from leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def violations(config: ConfigDict) -> list[str]:
+    """One phrase per out-of-range value, in the config's key order; [] when every value is allowed."""
+    found = []
+    for key, value in leaves(config):
+        for pattern, test, allowed in CHECKS:
+            if not fnmatch.fnmatchcase(key, pattern):
+                continue
+            items = value if isinstance(value, (tuple, list)) else (value,)
+            if not all(test(item) for item in items):
+                found.append(f"--config.{key}={value!r} is out of range: allowed {allowed}")
+            break  # the first matching row decides, so a specific row can precede a pattern
+    return found
+
+
+def check(config: ConfigDict) -> None:
+    """Raises one `UserError` naming every out-of-range value of `config`, and how to fix it."""
+    found = violations(config)
+    if found:
+        raise UserError("; ".join(found) + ". Fix the value on the command line or in the experiment file")
