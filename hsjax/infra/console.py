@@ -50,7 +50,8 @@ def setup_logging(workdir: str, *, verbose: bool = False, process_index: int = 0
         root.removeHandler(handler)
         if getattr(handler, _MARK, False):
             handler.close()
-    file_handler = logging.FileHandler(path)
+    # A record may quote an agent's text, lone surrogates and all: escaped, never a logging error.
+    file_handler = logging.FileHandler(path, encoding="utf-8", errors="backslashreplace")
     file_handler.setLevel(logging.INFO)
     file_handler.setFormatter(logging.Formatter(_FORMAT))
     console = logging.StreamHandler(sys.stderr)
@@ -75,8 +76,10 @@ def route_native_stdout(log_path: str) -> None:
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log_fd, 1)
     os.close(log_fd)
+    # backslashreplace, as Python's own stderr: a printed string holding a lone surrogate (an agent's
+    # output) is shown escaped instead of ending the run with UnicodeEncodeError.
     sys.stdout = os.fdopen(console_fd, "w", buffering=1, encoding=sys.stdout.encoding or "utf-8",
-                           errors=sys.stdout.errors or "strict")
+                           errors="backslashreplace")
 
 
 def say(text: str) -> None:

@@ -71,7 +71,7 @@ class EpisodeLog:
         with open(tmp, "w") as f:
             f.write(json.dumps({"fingerprint": self.fingerprint}) + "\n")
             for job, record in sorted(done.items()):
-                f.write(json.dumps({"job": job, "record": record}, default=str) + "\n")
+                f.write(json.dumps({"job": job, "record": to_python(record)}, default=str) + "\n")
         os.replace(tmp, self.path)
 
     def append(self, records: Mapping[int, dict]) -> None:

@@ -14,19 +14,47 @@ from typing import Any, Mapping
 import numpy as np
 
 
+def encodable_text(text: str) -> str:
+    """`text` with every character UTF-8 cannot encode (a lone surrogate: what a JSON `\\udcff` escape
+    or bytes decoded with `surrogateescape` leave in a str) replaced by its escape as visible text,
+    the six characters `\\udcff`. Any other text is returned as it is. Without this, one such
+    character in an agent's output makes the whole result file unwritable (UnicodeEncodeError) after
+    every episode ran; as text, the file stays valid UTF-8 that any JSON reader loads."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def encodable(value: Any) -> Any:
+    """`value` with `encodable_text` applied to every string in it, keys included (dicts, lists and
+    tuples are walked; anything else is returned as it is)."""
+    if isinstance(value, str):
+        return encodable_text(value)
+    if isinstance(value, Mapping):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encodable(v) for v in value]
+    return value
+
+
 def to_python(value: Any) -> Any:
-    """Converts JAX/NumPy scalars to JSON-friendly Python values (NaN and inf become None)."""
-    if isinstance(value, (str, bool)) or value is None:
+    """Converts JAX/NumPy scalars to JSON-friendly Python values (NaN and inf become None; strings
+    are made encodable, `encodable_text`)."""
+    if isinstance(value, str):
+        return encodable_text(value)
+    if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, Mapping):
-        return {str(k): to_python(v) for k, v in value.items()}
+        return {encodable_text(str(k)): to_python(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_python(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return to_python(dataclasses.asdict(value))
     array = np.asarray(value)
     if array.dtype == object and array.ndim == 0:
-        return str(value)
+        return encodable_text(str(value))
     if array.ndim == 0:
         scalar = array.item()
         if isinstance(scalar, float) and not math.isfinite(scalar):
@@ -128,12 +156,14 @@ def write_episodes(workdir: str, step: int, records: list[dict]) -> str:
 
 
 def write_json(path, data, indent: int | None = 1) -> pathlib.Path:
-    """Writes `data` as JSON atomically (a temporary file renamed into place), making the parent
-    folder; values JSON cannot hold are written as text. Returns the path."""
+    """Writes `data` as UTF-8 JSON atomically (a temporary file renamed into place), making the parent
+    folder; values JSON cannot hold are written as text, and every string is made encodable
+    (`encodable`; the file's `backslashreplace` catches what `default=str` makes). Returns the path."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=indent, default=str) + "\n")
+    text = json.dumps(encodable(data), ensure_ascii=False, indent=indent, default=str) + "\n"
+    tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
     tmp.replace(path)
     return path
 

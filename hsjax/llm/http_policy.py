@@ -39,6 +39,7 @@ import threading
 
 from openai.types.chat import ChatCompletion
 
+from hsjax.infra.metrics import encodable_text
 from hsjax.llm.client import ChatClient, ClientSettings, LLMError, reply_content
 from hsjax.llm.transport import DEFAULT_MAX_REPLY_BYTES
 from hsjax.rollout.policy import EndpointDown, FailedReply, Generation, PolicyError, SamplingParams
@@ -144,7 +145,10 @@ class HttpChatPolicy:
             raise PolicyError(f"HttpChatPolicy {self.url}: {e.detail}") from None
         with self._lock:
             self.consecutive_failures = 0
-        return self._bounded(text, sampling)
+        # A JSON `\udcff` escape in the reply leaves a lone surrogate, which no later request, log
+        # or result file can encode (the next turn's request failed as "malformed" every retry):
+        # kept as the visible text `\udcff` instead.
+        return self._bounded(encodable_text(text), sampling)
 
     def _failed(self, detail: str) -> None:
         """Counts a failed request; trips the breaker (raising `EndpointDown`) at the limit."""
