@@ -13,6 +13,10 @@ from ml_collections import ConfigDict
 
 DBBENCH_SLIPS = ("format_slip", "skip_schema", "premature_answer", "long_output", "answer_format", "turn_waste")
 DEFAULT_POOL = "harness_envs/pools/dbbench_siblings.json"
+# Eval's `max_policy_error_share`: an eval in which a larger share of episodes ended in policy_error
+# (the policy gave no reply: its endpoint is down, refuses or times out) writes its results and then
+# exits non-zero, since its score measures the endpoint rather than the model. 1.0: never.
+MAX_POLICY_ERROR_SHARE = 0.5
 
 
 def variants(arg: str | None) -> list[str]:

@@ -70,6 +70,7 @@ def eval_config() -> ml_collections.ConfigDict:
     c.policy = common.policy("oracle")
     c.sampling = common.sampling(greedy=True, max_new_tokens=512)
     c.runner = common.runner(batch_size=64)
+    c.max_policy_error_share = common.MAX_POLICY_ERROR_SHARE  # experiments/common.py
     return c
 
 

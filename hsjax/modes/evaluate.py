@@ -25,15 +25,16 @@ import tqdm
 
 from hsjax import builders
 from hsjax.infra.episode_log import EpisodeLog, fingerprint
-from hsjax.infra.errors import UserError
+from hsjax.infra.errors import RunStopped, UserError
 from hsjax.infra.metrics import write_json
+from hsjax.rollout.engine import POLICY_ERROR
 from hsjax.rollout.policy import PolicyError
 from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
 
 # Keys a resumed evaluation may change: where and how patiently the policy is reached, how episodes
 # are batched. The rest defines the episodes.
 RESUMABLE_CHANGES = ("policy.base_url", "policy.api_key_env", "policy.timeout", "policy.max_retries", "policy.backoff",
-                     "policy.max_backoff", "policy.max_consecutive_failures", "runner")
+                     "policy.max_backoff", "policy.max_consecutive_failures", "runner", "max_policy_error_share")
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,30 @@ def unread(config) -> dict[str, str]:
     """{key: why} for keys this config holds that its chosen kinds never read (run.py rejects
     overriding them)."""
     return {**builders.policy_unread(config.policy), **builders.benchmark_unread(config)}
+
+
+def policy_errors(records: list[dict]) -> dict:
+    """How many episodes ended in policy_error (the policy gave no reply), overall and by harness,
+    with the first such episode's reason."""
+    failed = [r for r in records if r.get("abort_reason") == POLICY_ERROR]
+    by_harness: dict[str, int] = {}
+    for r in failed:
+        by_harness[r["harness"]] = by_harness.get(r["harness"], 0) + 1
+    return {"episodes": len(failed), "of": len(records), "share": len(failed) / len(records) if records else 0.0,
+            "by_harness": by_harness, "first_reason": failed[0].get("rollout_error", "") if failed else ""}
+
+
+def too_many_policy_errors(counts: dict, max_share: float, policy, path) -> str | None:
+    """The one line that stops an eval whose share of policy_error episodes is past `max_share`:
+    its score would measure the endpoint, not the model. None when the share is within bounds."""
+    if counts["share"] <= max_share:
+        return None
+    where = f" at {policy.base_url}" if policy.get("base_url") else ""
+    reason = " ".join(str(counts["first_reason"]).split())[:200]
+    return (f"{counts['episodes']} of {counts['of']} episodes ({counts['share']:.0%}) ended in policy_error, more than "
+            f"max_policy_error_share={max_share:g}: the {policy.kind} policy{where} gave no reply (first: {reason}). "
+            f"The results are written to {path}, but measure the endpoint, not the model; check that the policy "
+            "serves and rerun (or raise --config.max_policy_error_share)")
 
 
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -81,15 +106,22 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
         bench.close()
     records = [done[i] for i in range(len(jobs))]
     summary = {s.name: bench.summarize([r for r in records if r["harness"] == s.name]) for s in specs}
+    errors = policy_errors(records)
     out = {"config": config.to_dict(), "harnesses": {s.name: s.to_json() for s in specs}, "summary": summary,
-           "rollouts": runner.rollouts, "wall_s": time.perf_counter() - t0, "episodes": records}
+           "policy_errors": errors, "rollouts": runner.rollouts, "wall_s": time.perf_counter() - t0,
+           "episodes": records}
     path = write_json(pathlib.Path(workdir) / "eval" / f"{config.name}.json", out, indent=None)
     episodes.remove()
     print(f"{bench.name} {config.split} ({len(tasks)} tasks), policy={config.policy.kind}: "
           f"{bench.headline} and its parts in %")
     print(bench.format_table(summary))
+    print(f"policy_error: {errors['episodes']} of {errors['of']} episodes"
+          + "".join(f"; {name} {n}" for name, n in errors["by_harness"].items()))
     print(f"wrote {path}")
     log.info("eval written to %s in %.1fs", path, out["wall_s"])
-    return {"path": str(path), "summary": summary}
+    stop = too_many_policy_errors(errors, config.max_policy_error_share, config.policy, path)
+    if stop:
+        raise RunStopped(stop)
+    return {"path": str(path), "summary": summary, "policy_errors": errors}
 
 
