@@ -32,7 +32,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from hsjax.infra.checkpoint_guards import (DiskFull, NonFiniteState, directory_bytes,  # noqa: F401
-                                           is_disk_full, refuse_nonfinite)
+                                           is_disk_full, quiet_abandoned_writes, refuse_nonfinite)
 from hsjax.infra.errors import RunStopped
 
 log = logging.getLogger(__name__)
@@ -212,15 +212,16 @@ class Checkpointer:
             _HOST: ocp.args.JsonSave(host_state),
         })
         try:
-            self._manager.save(step, args=args, force=True)
-            self._manager.wait_until_finished()
+            with quiet_abandoned_writes():
+                self._manager.save(step, args=args, force=True)
+                self._manager.wait_until_finished()
             if jax.process_index() == 0:
                 write_manifest(self.step_dir(step), step)
         except Exception as e:  # orbax and tensorstore wrap ENOSPC in ValueError, OSError, ...
             if not is_disk_full(e):
                 raise
             self._discard_partial(step)
-            raise DiskFull(self._disk_full_message(step, "ran out of space while writing")) from e
+            raise DiskFull(self._disk_full_message(step, "ran out of space while writing (its partial files are removed)")) from e
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices(f"hsjax_checkpoint_manifest_{step}")

@@ -3,8 +3,11 @@ state, and a disk without room (docs/checkpoints.md, "What a save refuses"). Bot
 one line (`RunStopped`); `hsjax.infra.checkpoint.Checkpointer.save` calls these."""
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -56,3 +59,44 @@ def refuse_nonfinite(step: int, state_pytree) -> None:
             f"Refusing to save checkpoint step {step}: {len(bad)} arrays hold NaN or inf "
             f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); the steps saved before are "
             "kept. Find where the values went non-finite (docs/training.md, loss.nonfinite)")
+
+
+def _orbax_aftermath(unraisable) -> bool:
+    """An unraisable error left by an orbax save that failed: its abandoned array writes finishing
+    onto the event loop orbax closed, or their coroutines collected at interpreter exit."""
+    error = unraisable.exc_value
+    return ((isinstance(error, RuntimeError) and str(error) == "Event loop is closed")
+            or "write_fragment" in repr(unraisable.object))
+
+
+@contextlib.contextmanager
+def quiet_abandoned_writes():
+    """Drops the noise of a failed orbax save, and only that.
+
+    orbax runs a step's array writes under `asyncio.gather` in an event loop of its own, which it
+    closes as soon as one write fails (ENOSPC). The other writes, still pending in tensorstore,
+    then report `RuntimeError: Event loop is closed` through `sys.unraisablehook` as they finish,
+    during the save and after it, and their coroutines do again when collected at exit: a screen of
+    tracebacks after the one line that says what happened. The filter is in place for the save and
+    stays after a failed one (the writes outlive it); a successful save restores the hook.
+
+    orbax also logs each failed write thread at ERROR with its traceback; those records are
+    lowered to INFO, so they stay in log.txt and leave the console to `DiskFull`'s one line."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable, _previous=previous, _aftermath=_orbax_aftermath):
+        if not _aftermath(unraisable):
+            _previous(unraisable)
+
+    absl_logger = logging.getLogger("absl")
+    sys.unraisablehook = hook
+    absl_logger.addFilter(_lower_disk_full_records)
+    yield
+    sys.unraisablehook = previous
+    absl_logger.removeFilter(_lower_disk_full_records)
+
+
+def _lower_disk_full_records(record: logging.LogRecord) -> bool:
+    if record.levelno >= logging.ERROR and "No space left on device" in record.getMessage():
+        record.levelno, record.levelname = logging.INFO, "INFO"
+    return True
