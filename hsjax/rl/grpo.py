@@ -4,7 +4,8 @@ Inside the step, in order: success and rescue masking per group, advantages by t
 estimator (both on the whole batch, see `advantages.py`), the token weights of the loss and their
 global denominators, then forward/backward over micro-batches (`lax.scan`), each micro-batch
 contributing sum / global denominator so that the accumulated gradient equals the full-batch one,
-and finally the optimizer update. The math of the loss lives in `losses.py`.
+and finally the optimizer update, kept only when loss, gradient and new params are all finite
+(docs/training.md, "Non-finite updates"). The math of the loss lives in `losses.py`.
 """
 import functools
 from typing import Any, Dict, Optional, Tuple
