@@ -16,6 +16,7 @@ from typing import Mapping
 import tqdm
 
 from hsjax.infra import secrets
+from hsjax.infra.metrics import encodable_text
 
 LOG_FILE = "log.txt"
 # Warnings orbax logs on every read hsjax makes on purpose that way: a read-only manager (export,
@@ -34,6 +35,14 @@ class _DropExpectedWarnings(logging.Filter):
                     and record.getMessage().startswith(EXPECTED_WARNINGS))
 
 
+class _EncodableFormatter(logging.Formatter):
+    """A record may quote an agent's text, lone surrogates and all (`metrics.encodable_text`): it is
+    written escaped, where a strict stream would drop it with a "--- Logging error ---" dump."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return encodable_text(super().format(record))
+
+
 def setup_logging(workdir: str, *, verbose: bool = False, process_index: int = 0) -> str:
     """Routes logging: INFO and above to `<workdir>/log.txt`, the console WARNING (INFO if
     `verbose`). Replaces the handlers on the root logger (absl's included); returns the log path.
@@ -50,13 +59,12 @@ def setup_logging(workdir: str, *, verbose: bool = False, process_index: int = 0
         root.removeHandler(handler)
         if getattr(handler, _MARK, False):
             handler.close()
-    # A record may quote an agent's text, lone surrogates and all: escaped, never a logging error.
     file_handler = logging.FileHandler(path, encoding="utf-8", errors="backslashreplace")
     file_handler.setLevel(logging.INFO)
-    file_handler.setFormatter(logging.Formatter(_FORMAT))
+    file_handler.setFormatter(_EncodableFormatter(_FORMAT))
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(logging.INFO if verbose else logging.WARNING)
-    console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    console.setFormatter(_EncodableFormatter("%(levelname)s %(name)s: %(message)s"))
     console.addFilter(_DropExpectedWarnings())
     for handler in (file_handler, console):
         setattr(handler, _MARK, True)
@@ -86,7 +94,7 @@ def say(text: str) -> None:
     """A line for the console (beside a progress bar, if one is drawn); process 0's only."""
     if _quiet:
         return
-    tqdm.tqdm.write(text, file=sys.stdout)
+    tqdm.tqdm.write(encodable_text(text), file=sys.stdout)  # a stdout with errors="strict" may be anyone's
     sys.stdout.flush()
 
 

@@ -17,8 +17,12 @@ Each POST runs the next behaviour of the script (the last one repeats). A behavi
     never()                       reads the request and never answers
     echo_key(code, template)      the request's Authorization header pasted into the reply or body
     by(fn)                        picks the behaviour from the request: fn(request) -> behaviour
-    dbbench_oracle(tasks, special)  plays DBBench as the oracle agent, except for the tasks in
-                                  `special` ({task_id: behaviour})
+    dbbench_oracle(tasks, special, opening)  plays DBBench as the oracle agent, except for the tasks
+                                  in `special` ({task_id: behaviour}), and the first request of those
+                                  in `opening` ({task_id: behaviour})
+    surrogate_sql(text)           200 with SQL whose string literal holds `text` (default a lone
+                                  surrogate, sent as the JSON escape \\udcff: valid JSON, unencodable str)
+    invalid_utf8_sql()            200 whose body holds raw bytes that are not UTF-8 inside the SQL
 
 Requests are recorded (path, headers, JSON body, arrival time) as by tests/fake_openai.py, whose
 `completion` builds the replies. Start servers with the `hostile` fixture, which closes them; a
@@ -126,10 +130,24 @@ def by(pick: Callable[[Request], Behaviour]) -> Behaviour:
     return send
 
 
-def dbbench_oracle(tasks, special: dict | None = None) -> Behaviour:
+def surrogate_sql(text: str = "\udcff") -> Behaviour:
+    """A DBBench SQL action whose string literal holds `text`: `completion` writes the body with
+    json.dumps, so a lone surrogate travels as its JSON escape and the client decodes it back."""
+    return ok(f"Action: Operation\n```sql\nSELECT 'hostile {text} output';\n```")
+
+
+def invalid_utf8_sql() -> Behaviour:
+    """A 200 whose content holds bytes that are not UTF-8 (0xff 0xfe, a lone continuation 0x80)."""
+    body = json.dumps(completion("Action: Operation\n```sql\nSELECT 'BYTES';\n```")).encode()
+    return status(200, body.replace(b"BYTES", b"\xff\xfe\x80"))
+
+
+def dbbench_oracle(tasks, special: dict | None = None, opening: dict | None = None) -> Behaviour:
     """The oracle agent behind HTTP: the task is the one whose question the request's messages hold
-    (one episode per task); tasks named in `special` get their own behaviour instead."""
-    agent, special = OracleAgent(), dict(special or {})
+    (one episode per task); tasks named in `special` get their own behaviour instead, and those
+    named in `opening` get theirs for their first request and the oracle's after."""
+    agent, special, opening = OracleAgent(), dict(special or {}), dict(opening or {})
+    opened, lock = set(), threading.Lock()
 
     def send(handler, request):
         messages = request.body["messages"]
@@ -137,6 +155,11 @@ def dbbench_oracle(tasks, special: dict | None = None) -> Behaviour:
         task = next(t for t in tasks if t.question in text)
         if task.task_id in special:
             return special[task.task_id](handler, request)
+        with lock:
+            first = task.task_id in opening and task.task_id not in opened
+            opened.add(task.task_id)
+        if first:
+            return opening[task.task_id](handler, request)
         info = {"task": task, "task_id": task.task_id, "episode_id": task.task_id}
         ok(agent.chat([messages], None, [info])[0])(handler, request)
     return send
