@@ -18,10 +18,16 @@ and a cause that explains the others comes first:
  9. no_edit              the patch is empty
 10. patch_does_not_apply the patch, or the test patch after it, does not apply (the agent edited
                          files the test patch changes)
-11. blind_edit           tests fail and the first edit of an existing file came before any command
+11. test_tampering       the scorer refused the patch for touching test infrastructure (conftest.py,
+                         pytest configuration, sitecustomize, .pth files, plugin entry points), or
+                         the test run's reporting was tampered with; its own mode, so that a policy
+                         that learns to game the tests shows in the failure table instead of
+                         reading as a broken regression (docs/swegym.md, "Scoring")
+12. blind_edit           tests fail and the first edit of an existing file came before any command
                          that ran Python (no reproduction)
-12. p2p_broken           a PASS_TO_PASS test fails
-13. f2p_failing          a FAIL_TO_PASS test fails (also: the tests ran past their time limit)
+13. p2p_broken           a PASS_TO_PASS test fails
+14. f2p_failing          a FAIL_TO_PASS test fails (also: the tests ran past their time limit, or
+                         the test run ended without its report)
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ FAILURE_MODES = (
     "edit_failed",
     "no_edit",
     "patch_does_not_apply",
+    "test_tampering",
     "blind_edit",
     "p2p_broken",
     "f2p_failing",
@@ -47,6 +54,7 @@ FAILURE_MODES = (
 # How an episode ended.
 STATUSES = ("finished", "iteration_limit", "malformed", "aborted", "env_error")
 _APPLY_FAILURES = ("patch_does_not_apply", "test_patch_does_not_apply")
+_TAMPERING_FAILURES = ("test_infrastructure", "test_run_tampered")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +93,8 @@ def assign(trace: Trace, report) -> str:
         return "edit_failed" if trace.failed_edits else "no_edit"
     if report.failure in _APPLY_FAILURES:
         return "patch_does_not_apply"
+    if report.failure in _TAMPERING_FAILURES:
+        return "test_tampering"
     if trace.blind:
         return "blind_edit"
     if report.p2p_passed < report.p2p_total or report.failure == "p2p_broken":
