@@ -8,13 +8,14 @@ import subprocess
 import sys
 import uuid
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra.metrics import read_metrics
-from tests.modes.test_train import env, final_params, train_command
+from tests.modes.test_train import env, train_command
 
 # The smoke run cut to what these tests need: no evaluation or episode files, a checkpoint every
 # step, and a learning rate that is finite (the config check passes it) but grows the weights to
@@ -37,15 +38,7 @@ def assert_one_line(proc, *expected):
 
 
 def all_finite(params):
-    return all(np.isfinite(np.asarray(leaf, np.float32)).all() for _, leaf in _walk(params))
-
-
-def _walk(tree, prefix=""):
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _walk(value, f"{prefix}/{key}")
-    else:
-        yield prefix, tree
+    return all(np.isfinite(np.asarray(leaf, np.float32)).all() for leaf in jax.tree.leaves(params))
 
 
 def test_nonfinite_update_stops_before_saving_then_skip_mode_skips_and_counts(tmp_path):
@@ -65,12 +58,10 @@ def test_nonfinite_update_stops_before_saving_then_skip_mode_skips_and_counts(tm
     rows = read_metrics(workdir)
     assert [(r["step"], r["train/nonfinite"], r["train/nonfinite_steps"]) for r in rows] == [
         (1, 0.0, 0), (2, 1.0, 1)]
-    after = final_params(workdir)
-    assert all(np.isfinite(leaf.astype(np.float32)).all() for leaf in after.values())
-    before = {path: leaf for path, leaf in _walk(ckpt_lib.load_params(workdir / "checkpoints", 1))}
-    assert after.keys() == before.keys()
-    for path, leaf in after.items():
-        np.testing.assert_array_equal(leaf, np.asarray(before[path]), err_msg=path)
+    before, after = (ckpt_lib.load_params(workdir / "checkpoints", step) for step in (1, 2))
+    assert all_finite(after) and jax.tree.structure(after) == jax.tree.structure(before)
+    for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.fixture
