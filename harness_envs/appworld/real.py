@@ -24,7 +24,8 @@ import threading
 
 from harness_envs.appworld.session import Cell
 from harness_envs.appworld.tasks import TaskTest
-from harness_envs.sandbox import Limits, isolation as resolve_isolation, wrap
+from harness_envs.sandbox import Limits, SandboxUser, child_env, isolation as resolve_isolation, wrap
+from harness_envs.sandbox_mounts import venv_mounts
 
 SPLITS = ("train", "dev", "test_normal", "test_challenge")
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -69,10 +70,10 @@ class Worker:
     def __init__(self, python: str, root: str, *, argv: list | None = None, cwd: str | None = None):
         self._lock = threading.Lock()
         self._stderr = tempfile.TemporaryFile()
-        try:
+        try:  # a minimal environment, never this process's (its API keys stay here)
             self.proc = subprocess.Popen(argv or [python, str(WORKER), root],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                         text=True, cwd=cwd, start_new_session=True)
+                                         text=True, cwd=cwd, start_new_session=True, env=child_env(cwd or root))
         except OSError as e:
             raise WorkerError(f"could not start the AppWorld worker with {python}: {e}; {SETUP_HELP}") from None
 
@@ -170,7 +171,11 @@ class RealSession:
         self.owner = owner
         self._hold = self._completed = False
         self.worker = None
+        self.user: SandboxUser | None = None
         try:
+            if os.geteuid() == 0:  # the worker runs the agent's code: as a uid of this session's own
+                self.user = SandboxUser.lease()
+                self.user.own(self.dir)
             self.worker = self._start_worker()
             self.worker.request("open", task_id=task.task_id, experiment=owner.experiment,
                                 timeout_s=int(owner.limits.wall_s))
@@ -179,8 +184,19 @@ class RealSession:
             raise
 
     def _start_worker(self) -> Worker:
+        """The worker under the sandbox: bubblewrap shows it the AppWorld venv, the worker script
+        and the data read-only besides the session directory; as root it drops to the session's
+        uid with `setpriv` (util-linux: no capabilities, no_new_privs, no groups) before AppWorld
+        starts. Not exercised by the CPU suite (it needs the AppWorld venv)."""
         mode = resolve_isolation(self.owner.isolation)
-        argv = wrap([self.owner.python, str(WORKER), self.dir], self.dir, mode)
+        venv = os.path.dirname(os.path.dirname(os.path.abspath(self.owner.python)))
+        argv = [self.owner.python, str(WORKER), self.dir]
+        if self.user is not None:
+            uid = str(self.user.uid)
+            argv = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--no-new-privs",
+                    "--inh-caps=-all", "--bounding-set=-all", "--", *argv]
+        show = [*venv_mounts(venv), str(WORKER), os.path.realpath(os.path.join(self.owner.root, "data"))]
+        argv = wrap(argv, self.dir, mode, show=show, drop_to_user=self.user is not None)
         return Worker(self.owner.python, self.dir, argv=argv, cwd=self.dir)
 
     def hold_completion(self) -> None:
@@ -242,5 +258,9 @@ class RealSession:
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
+        if self.user is not None:
+            self.user.kill_all()
+            self.user.release()
+            self.user = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
