@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import os
 import posixpath
 import shutil
 import subprocess
@@ -114,7 +115,10 @@ class ContainerWorkspace(Workspace):
                 *argv]
         client = Limits(wall_s=wall_s + CLIENT_GRACE_S, cpu_s=None, memory_mb=0, file_mb=0, open_files=None,
                         output_chars=output_chars)
-        return run_command(full, tempfile.gettempdir(), client, isolation_mode="none", stdin=stdin)
+        # The CLI client is ours, not the agent's: it keeps this process's environment (DOCKER_HOST,
+        # CONTAINER_HOST, XDG_RUNTIME_DIR, its config under HOME); the container gets none of it.
+        return run_command(full, tempfile.gettempdir(), client, isolation_mode="none", stdin=stdin,
+                           env=dict(os.environ))
 
     def run(self, command: str, timeout_s: float | None = None, *, stdin: str | None = None,
             output_chars: int | None = None) -> CommandResult:
