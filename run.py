@@ -9,9 +9,10 @@ an override of a key that the chosen kind of its block never reads). `config.mod
 whose `main(config, workdir)` runs. The console shows progress and results; every log record goes
 to `<workdir>/log.txt` (`--verbose` shows INFO records on the console too).
 
-Mistakes of the user's (an unknown or misspelt key, a workdir that cannot be written, a missing or
-garbage model directory, checkpoint, pool or task file: `hsjax.infra.errors.UserError`) end the run
-with one line naming the thing and the fix, and exit status 2; `--verbose` adds the traceback.
+Mistakes of the user's (an unknown or misspelt key, a value out of range (`hsjax.infra.config_checks`,
+checked before anything runs), an unknown experiment variant, a workdir that cannot be written, a
+missing or garbage model directory, checkpoint, pool or task file: `hsjax.infra.errors.UserError`) end
+the run with one line naming the thing and the fix, and exit status 2; `--verbose` adds the traceback.
 """
 import importlib
 import os

@@ -13,6 +13,11 @@ Episodes are run in batches of `runner.batch_size`, and each finished batch is a
 that went down loses at most the batch in flight, and rerunning the same command runs only the
 episodes not finished yet (the connection settings of the policy and the runner block may change
 between the two runs; anything else is refused). The log is deleted once the result JSON is written.
+
+The result counts the episodes that ended in `policy_error` (`policy_errors`; also printed). When
+their share is above `config.max_policy_error_share`, the eval has measured its endpoint rather than
+the model: it writes its result, then stops with `RunStopped` (one line naming the count, the share,
+the URL and the first reason; exit status 2 from run.py).
 """
 from __future__ import annotations
 
