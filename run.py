@@ -11,7 +11,8 @@ to `<workdir>/log.txt` (`--verbose` shows INFO records on the console too).
 
 Mistakes of the user's (an unknown or misspelt key, a value out of range (`hsjax.infra.config_checks`,
 checked before anything runs), an unknown experiment variant, a workdir that cannot be written, a
-missing or garbage model directory, checkpoint, pool or task file: `hsjax.infra.errors.UserError`) end
+missing or garbage model directory, checkpoint, pool or task file: `hsjax.infra.errors.UserError`; an
+environment that refuses to start, e.g. no isolation for agent code: `harness_envs.errors.SetupRefused`) end
 the run with one line naming the thing and the fix, and exit status 2; `--verbose` adds the traceback.
 """
 import importlib
@@ -28,7 +29,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from hsjax.infra import config_checks, console, distributed  # noqa: E402
-from hsjax.infra.errors import UserError  # noqa: E402
+from hsjax.infra.errors import ONE_LINE_ERRORS  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment file, e.g. experiments/dbbench.py:eval.", lock_config=True)
@@ -132,7 +133,7 @@ def main(argv):
         fail("--workdir is required: it receives config.json, metrics and outputs")
     try:
         config_checks.check(config)
-    except UserError as e:
+    except ONE_LINE_ERRORS as e:
         fail(str(e))
     module = importlib.import_module(MODES[mode])
     if hasattr(module, "unread"):
@@ -149,7 +150,7 @@ def main(argv):
     console.say(f"{mode}: {config_flags.get_config_filename(flags.FLAGS['config'])} -> {workdir} (log: {log_path})")
     try:
         module.main(config, workdir)
-    except UserError as e:
+    except ONE_LINE_ERRORS as e:
         if _VERBOSE.value:
             raise
         fail(f"{e} (run with --verbose for the traceback)")

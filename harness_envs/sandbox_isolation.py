@@ -13,8 +13,8 @@ import shutil
 import subprocess
 from typing import Sequence
 
+from harness_envs.errors import SetupRefused
 from harness_envs.sandbox_mounts import bwrap_argv
-from hsjax.infra.errors import UserError
 
 ISOLATIONS = ("auto", "bwrap", "unshare", "none")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -36,7 +36,7 @@ def _available() -> tuple[bool, bool]:
 
 
 def isolation(requested: str = "auto") -> str:
-    """The isolation this machine gives agent code, or a one-line `UserError` where none is safe.
+    """The isolation this machine gives agent code, or a one-line `SetupRefused` where none is safe.
 
     `auto` is `bwrap` when bubblewrap runs; else, for a root parent, `unshare` (a network namespace;
     the code runs as a leased uid). Where neither holds (no bubblewrap and no network namespace, or
@@ -45,7 +45,7 @@ def isolation(requested: str = "auto") -> str:
     leased uid still when root). Asking for `bwrap` or `unshare` where it does not work, or for
     `unshare` without root (it would run the code as this user), is the same one-line error."""
     if requested not in ISOLATIONS:
-        raise UserError(f"sandbox isolation {requested!r} is not one of {ISOLATIONS}")
+        raise SetupRefused(f"sandbox isolation {requested!r} is not one of {ISOLATIONS}")
     if requested == "none":
         return "none"
     bwrap_ok, unshare_ok = _available()
@@ -58,7 +58,7 @@ def isolation(requested: str = "auto") -> str:
            "`unshare --net` does not run here" if requested == "unshare" and not unshare_ok else
            "without root, `unshare` cannot give the code a uid of its own" if requested == "unshare" else
            "neither bubblewrap nor (as root) `unshare --net` runs here")
-    raise UserError(f"sandbox isolation {requested!r}: {why}, so agent code cannot be kept off this user, its "
+    raise SetupRefused(f"sandbox isolation {requested!r}: {why}, so agent code cannot be kept off this user, its "
                     "files and the network; install bubblewrap (apt-get install bubblewrap), or set isolation "
                     "'none' to run it without walls on purpose")
 

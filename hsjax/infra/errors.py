@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 
+from harness_envs.errors import SetupRefused
+
 
 class UserError(ValueError):
     """Bad user input, with a message naming the thing and the fix."""
@@ -21,6 +23,10 @@ class RunStopped(UserError):
     is full, the update went non-finite, every checkpoint is unusable. Not a bug, so `run.py`
     prints it as one line like a `UserError`; the message names the cause, what was kept, and the fix."""
 
+
+# What `run.py` prints as one line: the user's mistakes, and an environment's refusal to start
+# (`harness_envs` cannot raise `UserError`: it imports nothing of hsjax).
+ONE_LINE_ERRORS = (UserError, SetupRefused)
 
 # What loading a user-named file or directory raises when the file is missing, unreadable or garbage.
 LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError)
