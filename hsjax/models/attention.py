@@ -4,7 +4,8 @@ Mask rule (the whole contract): query slot i sees key slot j iff j <= i in slot 
 hold a real token (position >= 0), and, when segment ids are given, both share a segment id.
 
 Memory: dense attention holds float32 scores and probabilities of B x N x T x S. When those would
-pass `SCORE_CHUNK_BYTES`, `forward` uses `attend_chunked` instead: the same computation one block
+pass the device's block budget (`memory_plan.MemoryPlan.query_rows`), `forward` uses
+`attend_chunked` instead: the same computation one block
 of query rows at a time (each row still takes its softmax over all S keys, so the result is the
 dense one up to float32 rounding), under `jax.checkpoint`, so neither the forward nor the backward
 ever holds more than one block's scores. Each block builds its own slice of the mask; the compiled
@@ -20,8 +21,6 @@ import jax.numpy as jnp
 
 # Finite, so a fully masked row (a padding query) gets a uniform softmax instead of NaN.
 _MASKED_SCORE = -1e30
-# Bytes of float32 scores one attention block may hold (B x N x rows x S x 4).
-SCORE_CHUNK_BYTES = 64 << 20
 
 
 def causal_mask(
@@ -52,19 +51,6 @@ class MaskRule(NamedTuple):
 
     def dense(self) -> jnp.ndarray:
         return causal_mask(*self)
-
-
-def query_chunk(batch: int, num_heads: int, seq: int, slots: int,
-                budget: int = SCORE_CHUNK_BYTES) -> int:
-    """Query rows per block (a power of two) so that one block's float32 scores fit `budget`;
-    0 when the dense B x N x T x S scores fit it already."""
-    row_bytes = batch * num_heads * slots * 4
-    if seq * row_bytes <= budget:
-        return 0
-    rows = 1
-    while rows * 2 * row_bytes <= budget and rows * 2 < seq:
-        rows *= 2
-    return rows
 
 
 def attend_chunked(

@@ -60,6 +60,9 @@ class ModelConfig:
     param_dtype: str = "float32"  # dtype of the stored (master) weights
     remat: bool = False  # rematerialize each layer in the backward pass
     attention_impl: str = "xla"  # 'xla' (any backend) or 'cudnn' (GPU, bf16 only)
+    # GiB of device memory the block sizes of the head, MLP and attention are planned for; 0: the
+    # memory the device reports (the host's on CPU). hsjax/models/memory_plan.py.
+    memory_budget: float = 0.0
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -71,6 +74,9 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.attention_impl={self.attention_impl!r}: expected one of {ATTENTION_IMPLS}."
             )
+        if not (0 <= self.memory_budget < float("inf")):
+            raise ValueError(f"ModelConfig.memory_budget={self.memory_budget!r}: expected GiB >= 0 "
+                             "(0: the memory the device has).")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}."

@@ -29,13 +29,11 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from hsjax.models import rope
-from hsjax.models.attention import MaskRule, attend, attend_chunked, query_chunk
+from hsjax.models import memory_plan, rope
+from hsjax.models.attention import MaskRule, attend, attend_chunked
 from hsjax.models.config import ModelConfig
 
 _INIT_STD = 0.02  # transformers' default initializer_range
-# Bytes of float32 MLP activations (B x positions x F x 4) one block of `mlp` may hold.
-MLP_CHUNK_BYTES = 64 << 20
 
 
 def _layer_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]:
@@ -200,8 +198,9 @@ def forward_hidden(
         q_slots_T = cache.end + jnp.arange(seq, dtype=jnp.int32)
         k_slots_S = jnp.arange(cache.pos_BxS.shape[1], dtype=jnp.int32)
         rule = MaskRule(positions_BxT, cache.pos_BxS, q_slots_T, k_slots_S)
-    # Long rows: the mask goes in as its rule and attention runs in query blocks (attention.py).
-    chunked = cfg.attention_impl == "xla" and query_chunk(
+    # Long rows: the mask goes in as its rule and attention runs in query blocks (attention.py)
+    # when the device's memory plan says the dense scores do not fit (memory_plan.py).
+    chunked = cfg.attention_impl == "xla" and device_plan(cfg).query_rows(
         batch, cfg.num_heads, seq, rule.k_slot_S.shape[0]) > 0
     mask_BxTxS = rule if chunked else rule.dense()
 
@@ -259,7 +258,7 @@ def _attend_uncached(cfg: ModelConfig, mask_BxTxS, q_BxTxNxH, k_BxTxKxH, v_BxTxK
     """`attend_fn` without a cache: masked attention over the T new keys/values.
 
     The dense XLA path runs under `jax.checkpoint`: otherwise every layer keeps its B x N x T x T
-    float32 scores and probabilities for the backward, up to `SCORE_CHUNK_BYTES` each (the blocked
+    float32 scores and probabilities for the backward, up to a plan's `block_bytes` each (the blocked
     path takes over above that), i.e. several such tensors per layer stacked over the layers; the
     backward recomputes them from q, k, v and the mask, one layer at a time. Without a gradient it
     changes nothing. The cuDNN kernel keeps its own small residuals and is left as it is.
@@ -274,7 +273,7 @@ def _attend(cfg: ModelConfig, mask_BxTxS, q_BxTxNxH, keys_BxSxKxH, values_BxSxKx
     """Dense `attend` given a mask; `attend_chunked` given a `MaskRule` (long rows)."""
     if isinstance(mask_BxTxS, MaskRule):
         batch, seq, num_heads, _ = q_BxTxNxH.shape
-        chunk = query_chunk(batch, num_heads, seq, keys_BxSxKxH.shape[1])
+        chunk = device_plan(cfg).query_rows(batch, num_heads, seq, keys_BxSxKxH.shape[1])
         return attend_chunked(q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS, chunk)
     return attend(q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS, cfg.attention_impl)
 
@@ -312,19 +311,21 @@ def qkv(cfg: ModelConfig, p: dict, h_BxTxD, cos_BxTxH, sin_BxTxH):
     return q_BxTxNxH, k_BxTxKxH, v_BxTxKxH
 
 
-def mlp(p: dict, h_BxTxD):
-    """SwiGLU: down(silu(gate(h)) * up(h)). Long rows run `MLP_CHUNK_BYTES`-sized blocks of
-    positions under `jax.checkpoint`, so no pass holds B x T x F activations (a decode step's
-    T = 1 never does: its program is the plain one)."""
+def device_plan(cfg: ModelConfig) -> memory_plan.MemoryPlan:
+    """The block sizes of this device for `cfg` (`cfg.memory_budget` GiB, or the device's memory)."""
+    return memory_plan.plan_of(cfg.memory_budget)
+
+
+def mlp(p: dict, h_BxTxD, plan: memory_plan.MemoryPlan):
+    """SwiGLU: down(silu(gate(h)) * up(h)). Rows whose B x T x F activations pass the plan's
+    `block_bytes` run blocks of positions under `jax.checkpoint`, so no pass holds all of them (a
+    decode step's T = 1 never does: its program is the plain one)."""
     batch, seq, _ = h_BxTxD.shape
-    row_bytes = batch * p["up_proj"].shape[-1] * 4
     if seq == 1:
         return _mlp(p, h_BxTxD)
-    if seq * row_bytes <= MLP_CHUNK_BYTES:
+    chunk = plan.mlp_positions(batch, seq, p["up_proj"].shape[-1], h_BxTxD.dtype.itemsize)
+    if not chunk:
         return _mlp_keep_projections(p, h_BxTxD)
-    chunk = 1
-    while chunk * 2 * row_bytes <= MLP_CHUNK_BYTES and chunk * 2 < seq:
-        chunk *= 2
     pad = -seq % chunk
     h_XxBxCxD = jnp.moveaxis(jnp.pad(h_BxTxD, ((0, 0), (0, pad), (0, 0))).reshape(
         batch, (seq + pad) // chunk, chunk, -1), 1, 0)
@@ -362,7 +363,7 @@ def block(cfg: ModelConfig, p: dict, x_BxTxD, cos_BxTxH, sin_BxTxH, attend_fn):
     if cfg.o_bias:
         out_BxTxD = out_BxTxD + p["o_bias"]
     x_BxTxD = x_BxTxD + out_BxTxD
-    x_BxTxD = x_BxTxD + mlp(p, rms_norm(x_BxTxD, p["mlp_norm"], eps))
+    x_BxTxD = x_BxTxD + mlp(p, rms_norm(x_BxTxD, p["mlp_norm"], eps), device_plan(cfg))
     return x_BxTxD, aux
 
 
@@ -378,6 +379,12 @@ def logits(cfg: ModelConfig, x_BxTxD, final_norm_D, head):
     dtype), a no-op for the decode step's pre-cast weights.
     """
     dtype = x_BxTxD.dtype
-    x_BxTxD = rms_norm(x_BxTxD, final_norm_D.astype(dtype), cfg.rms_norm_eps)
     spec = "btd,vd->btv" if cfg.tie_embeddings else "btd,dv->btv"
-    return jnp.einsum(spec, x_BxTxD, head.astype(dtype), preferred_element_type=jnp.float32)
+    return jnp.einsum(spec, head_input(cfg, x_BxTxD, final_norm_D), head.astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def head_input(cfg: ModelConfig, x_BxTxD, final_norm_D):
+    """The final RMSNorm, in the compute dtype: what the head multiplies (`logits`, and
+    `hsjax.rl.fused_head`, which multiplies it a block of the vocabulary at a time)."""
+    return rms_norm(x_BxTxD, final_norm_D.astype(x_BxTxD.dtype), cfg.rms_norm_eps)

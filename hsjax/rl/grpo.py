@@ -17,9 +17,8 @@ from flax import struct
 
 from hsjax.rl.advantages import get_advantage, group_sum, rescue_mask, safe_div, success
 from hsjax.rl.batch import TrainBatch
-from hsjax.rl.losses import (LossConfig, aggregate, policy_loss_terms, target_mask,
-                             token_logp_chunked)
-from hsjax.models.model import forward_hidden, head_weight, logits
+from hsjax.rl.losses import LossConfig, aggregate, hidden_token_logp, policy_loss_terms, target_mask
+from hsjax.models.model import forward_hidden
 from hsjax.rl.optim import Optimizer
 
 
@@ -70,11 +69,9 @@ def _micro_loss(params, rows, *, cfg, loss_cfg: LossConfig, pg_denominator):
     """Loss of one micro-batch, normalised by the whole batch's denominator, and its terms."""
     x_BxTxD, _ = forward_hidden(cfg, params, rows["tokens_BxT"], rows["positions_BxT"],
                                 segment_ids_BxT=rows["segment_ids_BxT"])
-    # The head runs a block of positions at a time: B x T x V logits are never held at once.
-    logits_fn = lambda x_BxCxD: logits(cfg, x_BxCxD, params["final_norm"],  # noqa: E731
-                                       head_weight(cfg, params))
-    logp_BxT, entropy_BxT = token_logp_chunked(x_BxTxD, rows["tokens_BxT"], logits_fn,
-                                               loss_cfg.temperature)
+    # The head in blocks where the device's memory plan says B x T x V logits do not fit.
+    logp_BxT, entropy_BxT = hidden_token_logp(cfg, params, x_BxTxD, rows["tokens_BxT"],
+                                              loss_cfg.temperature)
     terms, extrema = policy_loss_terms(
         logp_BxT, rows["old_logp_BxT"], rows["advantage_B"], rows["mask_BxT"],
         rows["recontext_B"], loss_cfg, ref_logp_BxT=rows.get("ref_logp_BxT"),

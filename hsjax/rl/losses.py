@@ -15,15 +15,16 @@ from typing import Callable, Dict, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from hsjax.models.memory_plan import MemoryPlan
+from hsjax.models.model import device_plan, head_input, head_weight, logits
 from hsjax.rl.advantages import get_advantage
+from hsjax.rl.fused_head import fused_next_token_logp
 from hsjax.rl.logprob_gap import sampler_gap_terms
 
 AGGREGATIONS = ("token_mean", "sequence_mean")
 RESCUE_BASELINES = ("rescue", "with_base")
 IS_WEIGHTS = ("capped", "one")
 SumDen = Tuple[jax.Array, jax.Array]
-# Bytes of float32 logits one block of `token_logp_chunked` may hold (B x chunk x V x 4).
-LOGITS_CHUNK_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +90,45 @@ def token_logp(
     return _shift(*_next_token_logp(logits_BxTxV, next_BxT, temperature))
 
 
+def hidden_token_logp(
+    cfg, params, x_BxTxD: jax.Array, tokens_BxT: jax.Array, temperature: float = 1.0,
+    plan: Optional[MemoryPlan] = None,
+) -> Tuple[jax.Array, jax.Array]:
+    """`token_logp` of the logits of the last hidden states `x_BxTxD` (`forward_hidden`), with
+    B x T x V logits held only where the device's memory plan (default: `cfg`'s) lets them be.
+
+    All the logits fit the plan's `block_bytes`: the plain head and `token_logp`. Else, by the
+    plan's `head_blocking`: `vocab` (the default) runs the fused head over vocabulary blocks
+    (`token_logp_fused`: matmuls of every position); `positions` runs `token_logp_chunked` (the
+    plain head a block of positions at a time). docs/performance.md, "Memory plan per device",
+    has the measurements behind the default.
+    """
+    plan = plan or device_plan(cfg)
+    b, t, _ = x_BxTxD.shape
+    head = head_weight(cfg, params)
+    if plan.head_blocking == "vocab":
+        block = plan.head_vocab(b * t, cfg.vocab_size)
+        if block:
+            return token_logp_fused(cfg, params, x_BxTxD, tokens_BxT, temperature, block)
+    logits_fn = lambda x_BxCxD: logits(cfg, x_BxCxD, params["final_norm"], head)  # noqa: E731
+    return token_logp_chunked(x_BxTxD, tokens_BxT, logits_fn, temperature,
+                              plan.head_positions(b, t, cfg.vocab_size))
+
+
+def token_logp_fused(cfg, params, x_BxTxD: jax.Array, tokens_BxT: jax.Array, temperature: float,
+                     block: int) -> Tuple[jax.Array, jax.Array]:
+    """`token_logp` of the head's logits, the head fused with the log-softmax and run `block`
+    vocabulary entries at a time (`fused_head.py`): no pass holds more than B x T x block logits."""
+    b, t, d = x_BxTxD.shape
+    h_BxTxD = head_input(cfg, x_BxTxD, params["final_norm"])
+    head = head_weight(cfg, params)
+    head_VxD = (head if cfg.tie_embeddings else head.T).astype(h_BxTxD.dtype)
+    next_BxT = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, 1)))
+    logp_N, entropy_N = fused_next_token_logp(h_BxTxD.reshape(b * t, d), head_VxD,
+                                              next_BxT.reshape(b * t), temperature, block)
+    return _shift(logp_N.reshape(b, t), entropy_N.reshape(b, t))
+
+
 def token_logp_chunked(
     x_BxTxD: jax.Array,
     tokens_BxT: jax.Array,
@@ -100,16 +140,11 @@ def token_logp_chunked(
 
     `logits_fn` maps hidden states BxCxD to logits BxCxV (e.g. `hsjax.models.model.logits` with
     the final norm and head bound). Each block's logits are rematerialised in the backward, so
-    neither pass holds more than B x chunk x V of them. `chunk=0` picks the largest power of two
-    whose float32 logits fit `LOGITS_CHUNK_BYTES`; with every position in one block this is
-    exactly `token_logp`.
+    neither pass holds more than B x chunk x V of them. `chunk=0` (or >= T): every position in one
+    block, exactly `token_logp` (`MemoryPlan.head_positions` picks it).
     """
     b, t, _ = x_BxTxD.shape
-    if not chunk:
-        vocab = jax.eval_shape(logits_fn, x_BxTxD[:, :1]).shape[-1]
-        chunk = 1
-        while chunk * 2 * b * vocab * 4 <= LOGITS_CHUNK_BYTES and chunk < t:
-            chunk *= 2
+    chunk = chunk or t
     next_BxT = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, 1)))
     if chunk >= t:
         return _shift(*_next_token_logp(logits_fn(x_BxTxD), next_BxT, temperature))

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from hsjax.models import attention, model
-from hsjax.models.attention import MaskRule, attend, attend_chunked, query_chunk
+from hsjax.models.attention import MaskRule, attend, attend_chunked
+from hsjax.models.memory_plan import MemoryPlan
 from hsjax.models.model import forward, init_cache, init_params
 from hsjax.models.presets import get_preset
 
@@ -65,11 +66,12 @@ def test_chunked_attention_matches_dense_values_and_grads(T, chunk, segments):
     assert np.all(np.asarray(chunked(q, k, v))[pad_BxT] == 0)
 
 
-def test_query_chunk_budget():
-    assert query_chunk(2, 4, 16, 16) == 0  # dense scores fit
-    rows = query_chunk(64, 4, 2048, 2048)
-    assert rows == 32 and 64 * 4 * rows * 2048 * 4 <= attention.SCORE_CHUNK_BYTES
-    assert query_chunk(1, 1, 8, 8, budget=4 * 8) == 1
+def test_query_rows_budget():
+    plan = MemoryPlan(64 << 20)
+    assert plan.query_rows(2, 4, 16, 16) == 0  # dense scores fit
+    rows = plan.query_rows(64, 4, 2048, 2048)
+    assert rows == 32 and 64 * 4 * rows * 2048 * 4 <= plan.block_bytes
+    assert MemoryPlan(4 * 8).query_rows(1, 1, 8, 8) == 1
 
 
 @pytest.mark.parametrize("with_cache", [False, True])
@@ -94,13 +96,12 @@ def test_forward_chunked_matches_dense(monkeypatch, with_cache):
         return jax.jit(run)(params), jax.jit(jax.grad(loss))(params)
 
     dense_logits, dense_grads = logits_and_grads()
-    monkeypatch.setattr(attention, "SCORE_CHUNK_BYTES", 3 * 4 * 48 * 4 * 8)  # 8-row blocks
+    small = MemoryPlan(3 * 4 * 48 * 4 * 8)  # 8-row blocks of attention (and blocks of the MLP)
+    monkeypatch.setattr(model, "device_plan", lambda cfg: small)
     seen = []
     real = attention.attend_chunked
     monkeypatch.setattr("hsjax.models.model.attend_chunked",
                         lambda *a: seen.append(a[-1]) or real(*a))
-    monkeypatch.setattr("hsjax.models.model.query_chunk",
-                        functools.partial(query_chunk, budget=3 * 4 * 48 * 4 * 8))
     chunk_logits, chunk_grads = logits_and_grads()
     assert seen and set(seen) == {8}
     valid = np.asarray(rule.q_pos_BxT) >= 0
@@ -117,13 +118,13 @@ def test_mlp_blocks_match_dense(monkeypatch):
     p = jax.tree.map(lambda w: w[0], params["layers"])
     h = jax.random.normal(jax.random.key(4), (3, 45, CFG.hidden_size))
     w = jax.random.normal(jax.random.key(5), h.shape)
-    loss = lambda p, h: jnp.sum(w * model.mlp(p, h))  # noqa: E731
-    dense_out, dense_grads = model.mlp(p, h), jax.grad(loss, argnums=(0, 1))(p, h)
-    monkeypatch.setattr(model, "MLP_CHUNK_BYTES", 3 * 8 * CFG.intermediate_size * 4)
+    loss = lambda p, h, plan: jnp.sum(w * model.mlp(p, h, plan))  # noqa: E731
+    whole, blocks = MemoryPlan(1 << 30), MemoryPlan(3 * 8 * CFG.intermediate_size * 4)
+    dense_out, dense_grads = model.mlp(p, h, whole), jax.grad(loss, argnums=(0, 1))(p, h, whole)
     calls = []
     real = model._mlp
     monkeypatch.setattr(model, "_mlp", lambda p, x: calls.append(x.shape) or real(p, x))
-    out, grads = model.mlp(p, h), jax.grad(loss, argnums=(0, 1))(p, h)
+    out, grads = model.mlp(p, h, blocks), jax.grad(loss, argnums=(0, 1))(p, h, blocks)
     assert (3, 8, CFG.hidden_size) in calls
     np.testing.assert_allclose(out, dense_out, rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(dense_grads)):
@@ -138,8 +139,9 @@ def test_plain_mlp_keeps_only_its_two_projections_for_the_backward(capsys):
     h = jax.random.normal(jax.random.key(6), (2, 16, CFG.hidden_size))
     w = jax.random.normal(jax.random.key(7), h.shape)
     plain = lambda p, h: jnp.sum(w * model._mlp(p, h))  # noqa: E731
-    kept = lambda p, h: jnp.sum(w * model.mlp(p, h))  # noqa: E731
-    np.testing.assert_array_equal(model.mlp(p, h), model._mlp(p, h))
+    whole = MemoryPlan(1 << 30)
+    kept = lambda p, h: jnp.sum(w * model.mlp(p, h, whole))  # noqa: E731
+    np.testing.assert_array_equal(model.mlp(p, h, whole), model._mlp(p, h))
     for a, b in zip(jax.tree.leaves(jax.grad(kept, argnums=(0, 1))(p, h)),
                     jax.tree.leaves(jax.grad(plain, argnums=(0, 1))(p, h))):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -184,7 +186,7 @@ def test_dense_training_attention_keeps_no_scores_for_the_backward(capsys, monke
     cfg = get_preset("tiny", num_layers=2)
     params = init_params(cfg, jax.random.key(0))
     B, T = 2, 24
-    assert query_chunk(B, cfg.num_heads, T, T) == 0  # the dense path
+    assert model.device_plan(cfg).query_rows(B, cfg.num_heads, T, T) == 0  # the dense path
     tokens = jax.random.randint(jax.random.key(1), (B, T), 0, cfg.vocab_size)
     positions = jnp.tile(jnp.arange(T), (B, 1)).at[0, :5].set(-1)
     loss = lambda p: jnp.sum(forward(cfg, p, tokens, positions)[0][:, :, :7])  # noqa: E731
