@@ -111,7 +111,10 @@ def model(preset: str = "tiny", hf_dir: str = "") -> ConfigDict:
                        "dtype": "float32",  # compute dtype: float32 | bfloat16
                        "param_dtype": "float32",  # master weights
                        "remat": False,
-                       "attention_impl": "xla"})  # xla | cudnn (GPU)
+                       "attention_impl": "xla",  # xla | cudnn (GPU)
+                       # GiB of device memory the update's blocks are planned for; 0: what the device
+                       # reports (the host's memory on CPU). hsjax/models/memory_plan.py.
+                       "memory_budget": 0.0})
 
 
 def router() -> ConfigDict:

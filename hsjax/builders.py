@@ -124,7 +124,7 @@ def sampling_params(block, seed: int) -> SamplingParams:
 # Model and policies
 
 
-RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention_impl")
+RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention_impl", "memory_budget")
 
 
 def model_of_block(block) -> tuple:

@@ -109,8 +109,23 @@ def violations(config: ConfigDict) -> list[str]:
     return found
 
 
+def relation_violations(config: ConfigDict) -> list[str]:
+    """Values each within range that do not fit together: the warm-up must end inside the schedule
+    (`optim.schedule_steps`, or `total_steps` when 0), else building the optimizer fails with a
+    traceback after the model has loaded."""
+    if "optim" not in config or "warmup_steps" not in config.optim or "total_steps" not in config:
+        return []
+    warmup = config.optim.warmup_steps
+    span = config.optim.get("schedule_steps", 0) or config.total_steps
+    if not (_number(warmup) and _number(span)) or warmup < span:
+        return []
+    return [f"--config.optim.warmup_steps={warmup!r} must be less than the schedule's {span!r} steps "
+            "(optim.schedule_steps, or total_steps when that is 0): lower the warm-up or lengthen the schedule"]
+
+
 def check(config: ConfigDict) -> None:
     """Raises one `UserError` naming every out-of-range value of `config`, and how to fix it."""
     found = violations(config)
+    found += relation_violations(config) if not found else []
     if found:
         raise UserError("; ".join(found) + ". Fix the value on the command line or in the experiment file")

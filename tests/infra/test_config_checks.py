@@ -26,7 +26,8 @@ CONFIGS = documented_configs()
 
 def test_every_documented_config_is_within_range():
     assert len(CONFIGS) > 30
-    bad = {f"{f}.py:{v}": config_checks.violations(experiments.get_config(f, v)) for f, v in CONFIGS}
+    bad = {f"{f}.py:{v}": config_checks.violations(experiments.get_config(f, v))
+           + config_checks.relation_violations(experiments.get_config(f, v)) for f, v in CONFIGS}
     assert {k: v for k, v in bad.items() if v} == {}
 
 
@@ -52,3 +53,16 @@ def test_a_bad_value_is_a_user_error_naming_the_key(key, value):
                                      ("..", False), ("a..b", False), ("x\0y", False), ("a\\b", False)])
 def test_names_that_are_not_paths(name, ok):
     assert config_checks.file_name_part(name) is ok
+
+
+@pytest.mark.parametrize("total,warmup,schedule,ok", [(1, 0, 0, True), (1, 1, 0, False), (5, 10, 0, False),
+                                                      (5, 10, 20, True), (0, 0, 0, False), (0, 0, 10, True)])
+def test_the_warm_up_must_end_inside_the_schedule(total, warmup, schedule, ok):
+    """optax's schedule needs warmup_steps < its length: caught before the model loads, one line."""
+    config = experiments.get_config("dbbench", "smoke")
+    config.total_steps, config.optim.warmup_steps, config.optim.schedule_steps = total, warmup, schedule
+    if ok:
+        config_checks.check(config)
+    else:
+        with pytest.raises(UserError, match=re.escape(f"--config.optim.warmup_steps={warmup} must be less than")):
+            config_checks.check(config)
