@@ -38,7 +38,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hsjax.llm.openai_api import (MAX_STOP_CHARS, MAX_STOP_STRINGS, APIError, bad_request, default_prompt_chars,
-                                  parse_chat_request, parse_completion_request)
+                                  parse_chat_request, parse_completion_request, short)
 from hsjax.llm.openai_replies import Reply, TokenText, response_body, stream_chunks
 from hsjax.llm.request_body import MAX_BODY_BYTES, parse_json, read_body
 from hsjax.llm.scheduler import MAX_QUEUE, BatchScheduler, QueuedRequest
@@ -150,7 +150,7 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
     @app.exception_handler(Exception)
     async def internal_error(_request, exc: Exception):
         log.exception("serve: internal error")
-        return _error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}",
+        return _error_response(APIError(500, f"internal error: {type(exc).__name__}: {short(str(exc))}",
                                         type_="server_error"))
 
     @app.get("/health")
@@ -178,7 +178,7 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
         except APIError:
             raise
         except Exception as e:
-            raise APIError(500, f"generation failed: {type(e).__name__}: {e}",
+            raise APIError(500, f"generation failed: {type(e).__name__}: {short(str(e))}",
                            type_="server_error") from e
         if reply is None:
             log.info("serve: the client left after %.3fs, before its reply; dropped", time.monotonic() - start)

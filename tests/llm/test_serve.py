@@ -253,7 +253,7 @@ def test_internal_failure_is_500_and_the_worker_survives(tokenizer):
 
     def reply(prompt_ids):
         if "explode" in tokenizer.decode(prompt_ids):
-            raise RuntimeError("device fell over")
+            raise RuntimeError("device fell over" + " at /some/internal/path" * 10_000)
         return "fine"
 
     policy = ScriptedTokenPolicy(reply, tokenizer=tokenizer, eos_id=eos)
@@ -262,6 +262,7 @@ def test_internal_failure_is_500_and_the_worker_survives(tokenizer):
         assert resp.status_code == 500
         error = resp.json()["error"]
         assert error["type"] == "server_error" and "device fell over" in error["message"]
+        assert len(error["message"]) < 200, len(error["message"])  # the exception's text is quoted, never whole
         ok = post(server, {"messages": [{"role": "user", "content": "hello"}]})
         assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "fine"
 
