@@ -123,9 +123,11 @@ def budget_bytes(memory_budget_gib: float) -> int:
 
 @functools.lru_cache(maxsize=None)
 def device_capacity_bytes(backend: str) -> int:
-    """The memory of the first device of `backend`: its allocator's limit where the backend reports
-    one, else (the CPU) the host's physical memory or its cgroup limit, the lower."""
-    stats = jax.devices(backend)[0].memory_stats() or {}
+    """The memory of this process's first device of `backend`: its allocator's limit where the
+    backend reports one, else (the CPU) the host's physical memory or its cgroup limit, the lower.
+    A local device: in a multi-process run `jax.devices()[0]` may belong to another process, whose
+    memory_stats() raises ("only supported for addressable PjRt devices")."""
+    stats = jax.local_devices(backend=backend)[0].memory_stats() or {}
     if stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
     return host_memory_bytes()
