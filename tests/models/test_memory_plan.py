@@ -52,3 +52,23 @@ def test_memory_budget_overrides_the_device_and_is_checked():
             memory_plan.budget_bytes(bad)
     with pytest.raises(ValueError, match="head_blocking"):
         MemoryPlan(1, "rows")
+
+
+def test_the_model_block_of_a_config_carries_the_budget_to_the_model():
+    """`--config.model.memory_budget=8` reaches ModelConfig (builders' runtime fields), and a
+    negative value is refused by run.py's range checks before anything runs."""
+    from ml_collections import ConfigDict
+
+    from hsjax import builders
+    from hsjax.infra import config_checks, experiments
+
+    common = experiments.load("common")
+    block = common.model()
+    assert block.memory_budget == 0.0  # auto
+    block.memory_budget = 8
+    cfg, _, _ = builders.model_of_block(block)
+    assert cfg.memory_budget == 8.0
+    config = ConfigDict({"model": common.model()})
+    config.model.memory_budget = -1.0
+    assert config_checks.violations(config) == [
+        "--config.model.memory_budget=-1.0 is out of range: allowed a finite number >= 0"]
