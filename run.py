@@ -9,6 +9,13 @@ an override of a key that the chosen kind of its block never reads). `config.mod
 whose `main(config, workdir)` runs. The console shows progress and results; every log record goes
 to `<workdir>/log.txt` (`--verbose` shows INFO records on the console too).
 
+Modes: `MODES` below holds the library's own (train, eval, evolve, rank1, serve, export, in
+`hsjax/modes/`). A study registers its modes in its package (`studies/<study>/__init__.py`'s
+`MODES`, joined in `studies.MODES`), and run.py looks a mode up in both tables; the library never
+imports a study. `--help` lists the modes, the experiment files and their variants;
+`--print-config` prints the resolved config of a command (JSON, as the workdir's config.json) and
+exits without running anything or needing a workdir.
+
 Mistakes of the user's (an unknown or misspelt key, a value out of range (`hsjax.infra.config_checks`,
 checked before anything runs), an unknown experiment variant, a workdir that cannot be written, a
 missing or garbage model directory, checkpoint, pool or task file: `hsjax.infra.errors.UserError`; an
@@ -19,6 +26,7 @@ import importlib
 import os
 import sys
 import tempfile
+import textwrap
 
 # transformers (imported for tokenizers only) prints "PyTorch was not found. Models won't be
 # available ..." on every start without torch: advice about models hsjax never loads through it.
@@ -29,14 +37,22 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from hsjax.infra import config_checks, console, distributed  # noqa: E402
+from hsjax.infra import experiments  # noqa: E402
 from hsjax.infra.errors import ONE_LINE_ERRORS  # noqa: E402
+from studies import MODES as STUDY_MODES  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment file, e.g. experiments/dbbench.py:eval.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and outputs.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Also show INFO log records on the console.")
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print-config", False, "Print the resolved config (JSON, as the workdir's config.json) and exit without running.")
 
-# One module per mode, each with `main(config, workdir)` and optionally `unread(config)`.
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort")
+
+# The library's modes: one module per mode, each with `main(config, workdir)` and optionally
+# `unread(config)`. A study adds its own modes in its package (`studies.MODES`, the registration
+# hook); run.py is the one place that sees both tables, and the library never imports a study.
 MODES = {
     "train": "hsjax.modes.train",
     "eval": "hsjax.modes.evaluate",
@@ -44,12 +60,15 @@ MODES = {
     "rank1": "hsjax.modes.rank1",
     "serve": "hsjax.modes.serve",
     "export": "hsjax.modes.export",
-    "sft": "hsjax.studies.testbed.warmstart",
-    "copy_base": "hsjax.studies.testbed.copy_base",
-    "probe": "hsjax.studies.testbed.probe",
-    "testbed_demo": "hsjax.studies.testbed.demo",
-    "testbed_gates": "hsjax.studies.testbed.gates",
 }
+
+
+def all_modes() -> dict[str, str]:
+    """The library's modes and every study's, mode -> module; a study may not take a library mode's name."""
+    taken = sorted(MODES.keys() & STUDY_MODES.keys())
+    if taken:
+        raise RuntimeError(f"studies.MODES redefines the library's modes {taken}; give the study's modes their own names")
+    return {**MODES, **STUDY_MODES}
 
 
 def unread_overrides(overrides, unread: dict[str, str]) -> list[str]:
@@ -64,9 +83,35 @@ def fail(message: str):
     sys.exit(2)
 
 
+def help_text() -> str:
+    """`run.py --help`: the module docstring, the modes, the experiment files with their variants, the flags."""
+    modes = all_modes()
+    lines = [__doc__.strip(), "", "Modes (config.mode -> module; the study modes come from studies.MODES):"]
+    lines += [f"  {mode:<14} {module}" for mode, module in modes.items()]
+    lines += ["", "Experiment files (--config experiments/<file>.py:<variant>[,<variant>...]; each docstring holds its "
+                  "commands):"]
+    for name in experiments.files():
+        alone, modifiers = experiments.variants(experiments.load(name))
+        listed = ", ".join(alone) if alone else "no variant table (see the file's docstring)"
+        lines += textwrap.wrap(listed, 110, initial_indent=f"  experiments/{name}.py: ", subsequent_indent=" " * 6)
+        if modifiers:
+            lines.append(f"      modifiers of a training arm: {', '.join(modifiers)}")
+    lines += ["", "Flags:",
+              "  --config FILE.py[:VARIANTS]  the experiment (required); --config.<key>=<value> overrides one field",
+              "  --workdir DIR                where outputs go (required to run)",
+              "  --print-config               print the resolved config of the command and exit; nothing runs",
+              "  --verbose                    INFO records on the console; tracebacks for one-line errors",
+              "  --helpfull                   absl's list of every flag"]
+    return "\n".join(lines)
+
+
 def parse_flags(argv):
     """absl's flag parsing, with a bad `--config` or override as one line instead of a traceback
-    (ml_collections raises KeyError/AttributeError for an unknown key, with a did-you-mean hint)."""
+    (ml_collections raises KeyError/AttributeError for an unknown key, with a did-you-mean hint).
+    `--help` prints `help_text()` (absl's own lists only the flags)."""
+    if any(arg in HELP_FLAGS for arg in argv[1:]):
+        print(help_text())
+        sys.exit(0)
     try:
         return flags.FLAGS(argv)
     except (flags.Error, KeyError, AttributeError, TypeError, ValueError) as e:
@@ -126,8 +171,12 @@ def main(argv):
                                        "its error)")
     if config is None:
         fail("--config is required, e.g. --config experiments/dbbench.py:eval")
-    if mode not in MODES:
-        fail(f"config.mode={mode!r} is not one of {sorted(MODES)}")
+    modes = all_modes()
+    if mode not in modes:
+        fail(f"config.mode={mode!r} is not one of {sorted(modes)}")
+    if _PRINT_CONFIG.value:
+        print(config.to_json_best_effort(indent=2, sort_keys=True))
+        return
     workdir = _WORKDIR.value
     if not workdir:
         fail("--workdir is required: it receives config.json, metrics and outputs")
@@ -135,7 +184,7 @@ def main(argv):
         config_checks.check(config)
     except ONE_LINE_ERRORS as e:
         fail(str(e))
-    module = importlib.import_module(MODES[mode])
+    module = importlib.import_module(modes[mode])
     if hasattr(module, "unread"):
         errors = unread_overrides(config_flags.get_override_values(flags.FLAGS["config"]), module.unread(config))
         if errors:

@@ -29,8 +29,8 @@ Training arms (`TRAIN_ARMS`, mode train; modifiers `smoke`, `gpu`): one command 
     python run.py --config experiments/testbed.py:harness_s --config.model.hf_dir=assets/testbed_warmstart \
         --config.seed=0 --workdir W/harness_s/seed0
 or arms x seeds with experiments/testbed_sweep.py; tables, plots and the behaviour analysis with
-`python -m hsjax.studies.testbed.report --root W --out DIR`; results in docs/results.md. `:demo` is README's
-main job (hsjax/studies/testbed/demo.py).
+`python -m studies.testbed.report --root W --out DIR`; results in docs/results.md. `:demo` is README's
+main job (studies/testbed/demo.py).
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft = ml_collections.ConfigDict()
     c.sft.num_tasks = 1500  # the first tasks of the train split become expert episodes
     # A model directory (save_pretrained) SFT starts from instead of random weights: a copy base
-    # (`:copy_base`, hsjax/studies/testbed/copy_base.py) for the names regime; "" = random weights.
+    # (`:copy_base`, studies/testbed/copy_base.py) for the names regime; "" = random weights.
     c.sft.init_from = ""
     # The copy_base mode only: a model directory whose copy warm-up it continues; "" = random weights.
     c.sft.copy_base_from = ""
@@ -91,7 +91,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.max_len = 1024
     c.sft.env_workers = 4
     c.sft.save_every = 100  # steps between resumable checkpoints (a warm start takes over an hour on CPU)
-    # Steps of the copy warm-up before SFT (hsjax/studies/testbed/copy_warmup.py: a short list of
+    # Steps of the copy warm-up before SFT (studies/testbed/copy_warmup.py: a short list of
     # random syllable words repeated to the end of the row, the loss on the repeats) and its
     # learning rate; 0 steps = none, as every shipped warm start.
     c.sft.copy_warmup_steps = 0
@@ -167,7 +167,7 @@ NAMES_HELDOUT_SPLIT = "distinct_heldout"
 def _names(c: ml_collections.ConfigDict) -> None:
     """Testbed v2 (docs/testbed.md, "Testbed v2"): per-task names, half of the tasks hide the table
     name, the names pool. The SFT mix plants SHOW TABLES rarely under base and often under
-    tables_first (`hsjax.studies.testbed.warmstart.names_plan`); the gates check what came out."""
+    tables_first (`studies.testbed.warmstart.names_plan`); the gates check what came out."""
     c.benchmark = common.benchmark("synth_names")
     c.pool = NAMES_POOL
     # Coined names, no syllable shared by two names of a task, three wordings a family and lead-ins
@@ -224,7 +224,7 @@ def _names(c: ml_collections.ConfigDict) -> None:
 
 
 def gates_config() -> ml_collections.ConfigDict:
-    """The warm-start gates of testbed v2 (hsjax/studies/testbed/gates.py), at temperature 1."""
+    """The warm-start gates of testbed v2 (studies/testbed/gates.py), at temperature 1."""
     c = ml_collections.ConfigDict()
     c.mode = "testbed_gates"
     c.seed = 0
@@ -248,7 +248,7 @@ def gates_config() -> ml_collections.ConfigDict:
 
 
 def demo_config() -> ml_collections.ConfigDict:
-    """README's main job (hsjax/studies/testbed/demo.py): the shipped warm start, scored, then trained by
+    """README's main job (studies/testbed/demo.py): the shipped warm start, scored, then trained by
     Harness-S and by plain GRPO, each scored again under the base harness."""
     c = ml_collections.ConfigDict()
     c.mode = "testbed_demo"
@@ -568,6 +568,10 @@ def names_rank1_config(smoke: bool = False) -> ml_collections.ConfigDict:
         c.rank1.limit, c.rank1.profile_limit = 8, 2  # tasks 0-5 show the table name, 6-7 hide it
     return c
 
+
+# Variants that build a config of their own, before the tables below are read (`gates,v3` and
+# `names_rank1,smoke` combine); listed for `run.py --help`.
+STANDALONE_VARIANTS = ("demo", "gates", "names_rank1")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -19,7 +19,7 @@ from harness_envs.synth import tasks as synth_tasks
 from harness_envs.synth.benchmark import Synth
 from hsjax.rollout.policy import JaxPolicy, SamplingParams
 from hsjax.rollout.runner import EpisodeRunner
-from hsjax.studies.testbed import warmstart as sft
+from studies.testbed import warmstart as sft
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -9,10 +9,10 @@ checkpoint (resume is exact, docs/training.md). `warmstart` and `names_warmstart
 start once, so they run for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`).
 `ROOT/sweep.jsonl` records each finished run's command, exit code and wall time.
 A finished `names_*` training run's mechanism curve and behaviour are measured right after it
-(`hsjax.studies.testbed.mechanism`, `names_behaviour`: seconds); `--archive DIR` then copies the files the reports
+(`studies.testbed.mechanism`, `names_behaviour`: seconds); `--archive DIR` then copies the files the reports
 read into `DIR/<arm>/seed<k>/` (`runs.archive_run`: no checkpoints, tens of kB), e.g. into
 docs/runs/ to commit them.
-The report: `python -m hsjax.studies.testbed.report --root ROOT --out DIR` (docs/results.md).
+The report: `python -m studies.testbed.report --root ROOT --out DIR` (docs/results.md).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from hsjax.studies.testbed.runs import archive_run
+from studies.testbed.runs import archive_run
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = REPO / "experiments" / "testbed.py"
@@ -45,7 +45,7 @@ def analysis_commands(arm: str, workdir: pathlib.Path) -> list[list[str]]:
     if not arm.startswith("names_"):
         return []
     modules = (["mechanism"] if arm != "names_warmstart" else []) + ["names_behaviour"]
-    return [[sys.executable, "-m", f"hsjax.studies.testbed.{m}", f"--run={workdir}"] for m in modules]
+    return [[sys.executable, "-m", f"studies.testbed.{m}", f"--run={workdir}"] for m in modules]
 
 
 def claim(workdir: pathlib.Path):

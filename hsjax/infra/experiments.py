@@ -32,3 +32,28 @@ def get_config(name: str, arg: str | None = None):
     """`experiments/<name>.py`'s `get_config(arg)`: `get_config("testbed", "harness_s")` is the
     config of `run.py --config experiments/testbed.py:harness_s`."""
     return load(name).get_config(arg)
+
+
+def files() -> list[str]:
+    """The names of the experiment files that define `get_config` (`common.py` holds helpers only)."""
+    return [p.stem for p in sorted(EXPERIMENTS_DIR.glob("*.py")) if hasattr(load(p.stem), "get_config")]
+
+
+# The module-level tables an experiment file keeps its variants in: each key (or entry) is a
+# variant that builds a config alone (`*VARIANTS`, `*ARMS`, `OTHER_MODES`), or that modifies the
+# training arm it is combined with (`*MODIFIERS`).
+_VARIANT_TABLE_SUFFIXES = ("VARIANTS", "ARMS")
+_MODIFIER_TABLE_SUFFIX = "MODIFIERS"
+
+
+def variants(module: types.ModuleType) -> tuple[list[str], list[str]]:
+    """(variants, modifiers) of an experiment file, read from its tables, for `run.py --help`."""
+    alone, modifiers = set(), set()
+    for name, table in vars(module).items():
+        if not isinstance(table, (dict, tuple)) or not all(isinstance(k, str) for k in table):
+            continue
+        if name.endswith(_VARIANT_TABLE_SUFFIXES) or name == "OTHER_MODES":
+            alone.update(table)
+        elif name.endswith(_MODIFIER_TABLE_SUFFIX):
+            modifiers.update(table)
+    return sorted(alone), sorted(modifiers)

@@ -31,8 +31,8 @@ from hsjax.infra import metrics as metrics_lib
 from hsjax.infra.errors import UserError
 from hsjax.models import save_pretrained
 from hsjax.models.tokenizer import tiny_tokenizer
-from hsjax.studies.testbed import copy_warmup
-from hsjax.studies.testbed.warmstart import build_model
+from studies.testbed import copy_warmup
+from studies.testbed.warmstart import build_model
 
 
 TABLE_EVERY = 100  # steps between the gap tables a run prints: a few seconds each on two CPU cores

@@ -1,6 +1,6 @@
 """Where an SFT warm start of testbed v2 still spends its loss: per-token loss by token class.
 
-    python -m hsjax.studies.testbed.copy_probe --sft W_sft [--step 1500] [--split distinct_train]
+    python -m studies.testbed.copy_probe --sft W_sft [--step 1500] [--split distinct_train]
 
 The gates (`gates.py`) run whole episodes; this probe answers the cheaper question a running SFT
 raises: has the policy learnt to *copy* names yet? It rolls out the scripted expert on `--tasks`
@@ -31,7 +31,7 @@ from hsjax import builders
 from hsjax.infra import metrics as metrics_lib
 from hsjax.models.model import forward
 from hsjax.rl import losses
-from hsjax.studies.testbed import warmstart
+from studies.testbed import warmstart
 
 CLASSES = ("name", "word", "number", "other")
 

@@ -5,7 +5,7 @@ before and after on held-out and on unseen training-domain tasks.
     python run.py --config experiments/testbed.py:demo --workdir workdirs/demo
 
 Each arm is an ordinary training run (`hsjax.modes.train.main`) in `W/<arm>/seed<k>/`, so the sweep report
-(`python -m hsjax.studies.testbed.report --root W --out DIR`) reads the demo too.
+(`python -m studies.testbed.report --root W --out DIR`) reads the demo too.
 """
 from __future__ import annotations
 

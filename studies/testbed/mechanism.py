@@ -1,6 +1,6 @@
 """Mechanism curve of testbed v2: the teacher-forced log p of opening with SHOW TABLES under base.
 
-    python -m hsjax.studies.testbed.mechanism --run W/names_harness_s/seed0 [--prompts 64]
+    python -m studies.testbed.mechanism --run W/names_harness_s/seed0 [--prompts 64]
 
 The behaviour Harness-S should internalise is a policy action the base harness accepts: on a
 hidden-name task, reply `SHOW TABLES` first. Sampled opening rates (the gates, the training
@@ -12,7 +12,7 @@ engine records a reply). Every checkpoint the run kept is scored, and the warm s
 
 Writes `<run>/mechanism_logp.json`: {"steps": [...], "rollouts": [cumulative executor rollouts
 at each step, from metrics.jsonl], "mean_logp": [...], "per_prompt": [[...], ...], "task_ids",
-"reply"}; `hsjax.studies.testbed.names_report` plots it when present.
+"reply"}; `studies.testbed.names_report` plots it when present.
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from hsjax.rollout.policy import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job
 from hsjax.rollout.streams import RecordingChatPolicy, render_prompt
 from hsjax.rl import losses
-from hsjax.studies.testbed import gates, runs
-from hsjax.studies.testbed.warmstart import end_of_turn_id
+from studies.testbed import gates, runs
+from studies.testbed.warmstart import end_of_turn_id
 
 OUTPUT = "mechanism_logp.json"
 STYLE = "show_tables"

@@ -1,6 +1,6 @@
 """What the policy does on the names regime's held-out tasks, and what each sibling made it do.
 
-    python -m hsjax.studies.testbed.names_behaviour --run W/names_harness_s/seed0
+    python -m studies.testbed.names_behaviour --run W/names_harness_s/seed0
 
 The behaviour to internalise is one action: on a hidden-name task, open with `SHOW TABLES`. The
 evaluation's rates (`hidden/opens_show_tables`) say how often; this says what else happened. For
@@ -27,7 +27,7 @@ import statistics
 from typing import Iterable, Sequence
 
 from harness_envs.synth import names
-from hsjax.studies.testbed import runs as runs_lib
+from studies.testbed import runs as runs_lib
 
 OUTPUT = "names_behaviour.json"
 OPENINGS = ("show_tables", "query", "answer", "malformed")

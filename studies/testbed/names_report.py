@@ -2,13 +2,13 @@
 mechanism curves, the behaviour table and the verdict read off the pre-registered rules
 (docs/results.md, "Testbed v2").
 
-    python -m hsjax.studies.testbed.names_report --root W --gates W_gates/gates.json --out DIR
+    python -m studies.testbed.names_report --root W --gates W_gates/gates.json --out DIR
 
 `W` holds `W/<arm>/seed<k>/` training workdirs of the `names_*` arms. Prints markdown tables, writes
 `DIR/names_report.json` and `DIR/names_mechanism.png` (SHOW TABLES opening rate under base on hidden
 held-out names against cumulative executor rollouts, one line per arm and seed; beside it the
-teacher-forced log p of that opening for the runs measured with `hsjax.studies.testbed.mechanism`).
-The behaviour table pools each arm's seeds' `names_behaviour.json` (`hsjax.studies.testbed.names_behaviour`).
+teacher-forced log p of that opening for the runs measured with `studies.testbed.mechanism`).
+The behaviour table pools each arm's seeds' `names_behaviour.json` (`studies.testbed.names_behaviour`).
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from typing import Sequence
 
 from harness_envs.synth import names
 from hsjax.harness_s import analysis
-from hsjax.studies.testbed import mechanism, names_behaviour
-from hsjax.studies.testbed.runs import Run, by_arm, load_sweep
+from studies.testbed import mechanism, names_behaviour
+from studies.testbed.runs import Run, by_arm, load_sweep
 
 DEFAULT_SPLIT = "distinct_heldout"
 
@@ -134,7 +134,7 @@ def format_table(table: dict[str, dict], equal: dict[str, list[float]], budget: 
 
 
 def logp_curves(runs: Sequence[Run]) -> dict[str, dict]:
-    """{"<arm> s<seed>": mechanism_logp.json} of the runs that have one (`hsjax.studies.testbed.mechanism`)."""
+    """{"<arm> s<seed>": mechanism_logp.json} of the runs that have one (`studies.testbed.mechanism`)."""
     out = {}
     for r in runs:
         path = r.workdir / mechanism.OUTPUT

@@ -2,12 +2,12 @@
 
 A sweep root holds `ROOT/<arm>/seed<k>/` training workdirs of `experiments/testbed.py` (the
 `warmstart` arm scores the warm start once, at step 0). Everything here is a pure function of the
-loaded runs (hsjax.studies.testbed.runs), plus a few matplotlib (Agg) plots and the CLI:
+loaded runs (studies.testbed.runs), plus a few matplotlib (Agg) plots and the CLI:
 
-    python -m hsjax.studies.testbed.report --root ROOT --out DIR
+    python -m studies.testbed.report --root ROOT --out DIR
 
 prints the results table, success at equal rollout budgets and the behaviour table, and writes the
-PNGs and `report.json` to DIR. `notebooks/ablations.ipynb` draws the same from a notebook.
+PNGs and `report.json` to DIR. `studies/testbed/ablations.ipynb` draws the same from a notebook.
 
 Conventions: success is under the base harness, greedy; "final" is an arm's last evaluation; mean
 and std are over seeds (sample std, ddof=1; 0 for a single seed). Arms are compared at equal
@@ -26,8 +26,8 @@ import numpy as np
 
 from hsjax.harness_s import analysis
 from hsjax.infra.metrics import write_json
-from hsjax.studies.testbed.behaviour import ACTION_KINDS, behaviour
-from hsjax.studies.testbed.runs import HEADLINE, TRAIN_SPLIT, WARMSTART, Run, by_arm, families, load_sweep
+from studies.testbed.behaviour import ACTION_KINDS, behaviour
+from studies.testbed.runs import HEADLINE, TRAIN_SPLIT, WARMSTART, Run, by_arm, families, load_sweep
 
 
 # ---------------------------------------------------------------- results

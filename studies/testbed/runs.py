@@ -2,7 +2,7 @@
 
 `load_sweep` reads every workdir's config, metrics rows and evaluation files (`eval/<split>_step<k>.json`)
 into `Run`s; training episodes are read lazily (`Run.episodes`). The tables and plots over them are
-hsjax.studies.testbed.report; the warm start's `warmstart` arm is scored once, at step 0.
+studies.testbed.report; the warm start's `warmstart` arm is scored once, at step 0.
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def load_run(workdir) -> Run:
     return Run(workdir, arm, seed, config, metrics, evals)
 
 
-# What the reports read of a run (hsjax.studies.testbed.names_report, mechanism curves, behaviour
+# What the reports read of a run (studies.testbed.names_report, mechanism curves, behaviour
 # summaries, the router's decisions and profiles): a few tens of kB a run, small enough to keep in the repository.
 ARCHIVED = ("config.json", "metrics.jsonl", "DONE", "mechanism_logp.json", "names_behaviour.json",
             "router_decisions.jsonl", "profiles.json")

@@ -48,7 +48,7 @@ from hsjax.rl.sft import BucketedBatches, make_train_step, pack
 from hsjax.rollout.policy import JaxPolicy, SamplingParams, tokenizer_eos_ids
 from hsjax.rollout.runner import EpisodeRunner, Job
 from hsjax.rollout.streams import RecordingChatPolicy, render_segments
-from hsjax.studies.testbed import copy_warmup
+from studies.testbed import copy_warmup
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def random_model(config, tokenizer):
 
 def build_model(config, tokenizer, key: str = "init_from"):
     """(cfg, params): `random_model`, or the model directory `sft.<key>` (`sft.init_from`: a copy
-    base, `hsjax.studies.testbed.copy_base`, SFT starts from; `sft.copy_base_from`: one a copy base
+    base, `studies.testbed.copy_base`, SFT starts from; `sft.copy_base_from`: one a copy base
     continues), whose tokenizer must be `model.tokenizer`'s: rows and streams are rendered with it."""
     init_from = config.sft[key]
     if not init_from:

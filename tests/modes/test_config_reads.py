@@ -8,7 +8,7 @@ from ml_collections import ConfigDict
 
 from hsjax.infra import distributed, experiments
 from hsjax.modes import evaluate, evolve, rank1, train
-from hsjax.studies.testbed import warmstart
+from studies.testbed import warmstart
 
 _SERIALIZERS = ("to_dict", "to_json", "to_json_best_effort", "__repr__", "__str__", "__eq__")
 

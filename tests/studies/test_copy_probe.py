@@ -5,7 +5,7 @@ from harness_envs.synth import names
 from hsjax import builders
 from hsjax.infra import experiments
 from hsjax.models.tokenizer import tiny_tokenizer
-from hsjax.studies.testbed import copy_probe, warmstart
+from studies.testbed import copy_probe, warmstart
 
 
 def test_name_syllables_are_the_tasks_coined_names():

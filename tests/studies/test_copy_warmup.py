@@ -8,7 +8,7 @@ import pytest
 from hsjax.models.presets import get_preset
 from hsjax.models.model import init_params
 from hsjax.models.tokenizer import CV_SYLLABLES, tiny_tokenizer
-from hsjax.studies.testbed import copy_warmup
+from studies.testbed import copy_warmup
 from tests.modes.test_config_reads import covered, never_read
 
 
@@ -205,7 +205,7 @@ def test_warm_up_steps_draw_their_rows_from_the_seed_and_step_alone():
 def test_a_killed_copy_base_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, monkeypatch):
     from hsjax.infra import experiments
     from hsjax.models import load_pretrained
-    from hsjax.studies.testbed import copy_base
+    from studies.testbed import copy_base
 
     config = experiments.get_config("testbed", "copy_base,names,smoke")  # 2 repeat + 2 alternating steps
     config.sft.save_every = 2

@@ -20,7 +20,7 @@ from hsjax.infra.checkpoint import load_params
 from hsjax.infra.errors import UserError
 from hsjax.rl import sft as sft_math
 from hsjax.rollout import streams
-from hsjax.studies.testbed import warmstart as sft
+from studies.testbed import warmstart as sft
 from hsjax.models import forward, get_preset, init_params, load_pretrained
 from hsjax.models.tokenizer import build_tiny_tokenizer
 from hsjax.rollout.policy import SamplingParams

@@ -10,7 +10,7 @@ import numpy as np
 
 from hsjax.models import load_pretrained
 from hsjax.infra import experiments
-from hsjax.studies.testbed.demo import arm_config, resolve_warm_start
+from studies.testbed.demo import arm_config, resolve_warm_start
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WARM = REPO / "assets" / "testbed_warmstart"

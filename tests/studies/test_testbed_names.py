@@ -15,7 +15,7 @@ from hsjax import builders
 from hsjax.infra import experiments
 from hsjax.models.model import forward
 from hsjax.modes import train
-from hsjax.studies.testbed import gates, mechanism, warmstart
+from studies.testbed import gates, mechanism, warmstart
 
 from tests.modes.test_config_reads import covered, never_read
 

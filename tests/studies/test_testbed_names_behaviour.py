@@ -4,8 +4,8 @@ import json
 import pytest
 
 from harness_envs.synth import names
-from hsjax.studies.testbed import names_behaviour as nb
-from hsjax.studies.testbed import names_report as nr
+from studies.testbed import names_behaviour as nb
+from studies.testbed import names_report as nr
 
 VISIBLE, HIDDEN = 0, len(names.NAMES_TYPES)  # task indices: the second block of types hides the name
 

@@ -4,7 +4,7 @@ import json
 
 from hsjax.infra import experiments
 from hsjax.modes import rank1
-from hsjax.studies.testbed import names_report
+from studies.testbed import names_report
 from tests.modes.test_config_reads import covered, never_read
 
 

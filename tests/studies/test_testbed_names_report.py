@@ -5,7 +5,7 @@ import json
 import pytest
 
 from harness_envs.synth import names
-from hsjax.studies.testbed import names_report as nr
+from studies.testbed import names_report as nr
 
 
 def write_run(root, arm, seed, finals, rollouts=(320, 640)):

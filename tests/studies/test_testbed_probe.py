@@ -1,4 +1,4 @@
-"""The testbed probe end to end on a tiny warm start and a tiny training run (hsjax/studies/testbed/probe.py).
+"""The testbed probe end to end on a tiny warm start and a tiny training run (studies/testbed/probe.py).
 
 The warm start, the training run and the probe run in this process, so the sampler programs they
 compile are shared; each is what `python run.py --config ...` runs for the same config.
@@ -12,7 +12,7 @@ import pytest
 from harness_envs.synth.benchmark import Synth
 from hsjax.harness_s import analysis
 from hsjax.infra import experiments
-from hsjax.studies.testbed import probe as tp
+from studies.testbed import probe as tp
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -14,9 +14,9 @@ from hsjax.harness_s import analysis
 from hsjax.infra import experiments
 from hsjax.rollout.policy import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
-from hsjax.studies.testbed import behaviour as eb
-from hsjax.studies.testbed import report as tr
-from hsjax.studies.testbed import runs as tbr
+from studies.testbed import behaviour as eb
+from studies.testbed import report as tr
+from studies.testbed import runs as tbr
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -281,10 +281,10 @@ def test_notebook_runs_against_the_sweep(sweep, tmp_path, monkeypatch):
 
     monkeypatch.setenv("HSJAX_SWEEP_ROOT", str(sweep))
     monkeypatch.setenv("HSJAX_REPORT_OUT", str(tmp_path / "report"))
-    nb = nbformat.read(REPO / "notebooks" / "ablations.ipynb", as_version=4)
+    nb = nbformat.read(REPO / "studies" / "testbed" / "ablations.ipynb", as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit the notebook without outputs"
     NotebookClient(nb, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()  # raises on a failing cell
+                   resources={"metadata": {"path": str(REPO / "studies" / "testbed")}}).execute()  # raises on a failing cell
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "policy_only" in text and "image/png" in text
     assert (tmp_path / "report" / "curves.png").exists()

@@ -32,7 +32,7 @@ def test_missing_warm_start_is_refused(tmp_path, capsys):
 
 
 def test_an_archived_run_reads_back_as_the_run_without_its_bulk(tmp_path):
-    from hsjax.studies.testbed import runs
+    from studies.testbed import runs
 
     work = tmp_path / "w" / "names_policy_only" / "seed1"
     (work / "checkpoints" / "5").mkdir(parents=True)
