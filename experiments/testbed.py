@@ -171,10 +171,9 @@ def _names(c: ml_collections.ConfigDict) -> None:
     c.benchmark = common.benchmark("synth_names")
     c.pool = NAMES_POOL
     # Coined names, no syllable shared by two names of a task, three wordings a family and lead-ins
-    # shared across families (harness_envs/synth/names.py). Each replaced a split on which a warm
-    # start failed G1 (docs/results.md, v8-v12): the word lists (names_train, memorised), coined_train
-    # (a copy ambiguous at its first syllable), varied_train (a lead-in that told ranking apart).
-    # Those splits stay for that record.
+    # shared across families (harness_envs/synth/names.py): what a warm start needs to pass G1. The
+    # splits without one of these stay, so the runs that failed on them can be reproduced
+    # (docs/results.md, "the copy warm-up's rows").
     c.data.train_split = NAMES_TRAIN_SPLIT
     c.data.task_seed = 0  # GRPO draws from task seed 1, evaluation from seeds 2 (train) and 0 (held-out)
     c.regime = ml_collections.ConfigDict({
@@ -184,35 +183,31 @@ def _names(c: ml_collections.ConfigDict) -> None:
         "show_rate_base": 0.08,
         "show_rate_hint": 0.75,
     })
-    # One pass over fresh tasks (steps x batch = 48,000 tasks, none repeated): the two earlier warm
-    # starts (8 epochs over 8,000 tasks) memorised their tasks' names instead of copying them, and
-    # the third (one pass over 64,000, one token a letter) copied too unreliably (docs/results.md).
+    # One pass over fresh tasks (steps x batch = 48,000 tasks, none repeated): a warm start trained
+    # for epochs memorises its tasks' names instead of copying them (docs/results.md).
     # The tokenizer spells every name one way wherever it stands, one token a syllable, so copying
     # a name from the prompt or a SHOW TABLES result into SQL is 2-3 tokens copied as they are.
     # 1,500 steps (about 85 minutes on two idle CPU cores) so one SFT finishes within a working session;
-    # from the v10 base every token but the names' cost under 0.2 nats by step 300 (docs/results.md, v11).
+    # from the copy base every token but the names' costs under 0.2 nats by step 300.
     c.model.tokenizer = "tiny_words"
     c.sft.num_tasks = 48000
     c.data.num_train_tasks = 48600  # 600 more: the SFT eval's unseen training-domain tasks
     c.sft.steps = 1500
     c.sft.batch_size = 32
     c.sft.max_len = 640  # a few hidden-name episodes with a long table exceed 512
-    # Two runs without a copy warm-up never learnt to copy a name (docs/results.md). The warm-up
-    # (`:copy_base,names`, these settings) runs once and ships as COPY_BASE, which SFT starts from.
-    # v10 (COPY_BASE_V10): on repeat rows with a lead and no line breaks the lookup formed at steps
-    # 1,200-1,600 of 1,900 (loss 1.39 -> 0.045; v6-v9's line rows were learnt by position), and 300
-    # steps alternating them with gap rows (a name stands up to ~560 tokens before the SQL that
-    # copies it: prefix 209 + a reply of up to 352) brought the copy 0-550 tokens under 1 nat. But
-    # only among its own filler and ", ": after a task prompt 9.7 nats, and its SFT copied no name.
-    # v11 continues it on context rows (prose around the lists, varied separators: docs/results.md).
+    # SFT alone never learns to copy a name (docs/results.md). The copy warm-up (`:copy_base,names`,
+    # these settings) runs once and ships as COPY_BASE, which SFT starts from: COPY_BASE_V10's lookup
+    # on plain rows, continued on context rows so that it also works after a task prompt. A name
+    # stands up to ~560 tokens before the SQL that copies it (prefix 209 + a reply of up to 352),
+    # hence the gap rows' reach.
     c.sft.init_from = COPY_BASE
     c.sft.copy_base_from = COPY_BASE_V10
     c.sft.copy_style = "context"
     c.sft.copy_warmup_steps = 400
     c.sft.copy_far_steps = 200
     c.sft.copy_far_tokens = 560
-    # SFT at 3e-3 erased the warm-up's copy in 300 steps (docs/results.md): replay it, and train
-    # at the warm-up's rate.
+    # SFT at 3e-3 erases the warm-up's copy within 300 steps (docs/results.md): replay it, and
+    # train at the warm-up's rate.
     c.sft.copy_replay_every = 2
     c.optim.learning_rate = 1e-3
     c.optim.warmup_steps = 50
@@ -348,9 +343,9 @@ def _train_base(arm: str) -> ml_collections.ConfigDict:
     c.optim.learning_rate = 3e-4
     c.optim.warmup_steps = 2
     c.batch.T_buckets = (512, 1024, 2048)
-    # Rescue rows of up to 2,048 tokens. Before attention and log-probs were computed in blocks, 4
-    # micro-batches peaked at 14.8 GB; now one update of 64 such rows peaks at 4.7 GB (2.4 GB with
-    # model.remat=True): docs/performance.md, "Memory". 8 keeps the arms' step as measured.
+    # Rescue rows of up to 2,048 tokens: one update of 64 such rows peaks at 4.7 GB (2.4 GB with
+    # model.remat=True; docs/performance.md, "Memory"). 8 keeps the arms' step as docs/results.md
+    # measured it.
     c.batch.micro_batches = 8
     c.checkpoint.every = 5
     c.checkpoint.keep = 4
@@ -503,7 +498,7 @@ def _arm_smoke(c: ml_collections.ConfigDict) -> None:
 
 def _arm_gpu(c: ml_collections.ConfigDict) -> None:
     """The device machine: more steps, bigger groups, a larger evaluation (the warm start is the
-    `:sft,gpu` output). Not yet run: the sessions that built the testbed had no device time left."""
+    `:sft,gpu` output; docs/results.md, "Not done")."""
     c.total_steps = 100
     c.rollout.groups = 32
     c.rollout.n = 8

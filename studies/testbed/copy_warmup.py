@@ -1,48 +1,31 @@
 """A copy warm-up before the testbed's SFT: the generic skill of repeating what the context holds.
 
-Every pretrained LLM copies a name from its prompt without effort; the testbed's 1.05M-parameter
-policy starts from random weights. Two SFT runs on coined names (docs/results.md, "Testbed v2")
-learnt the protocol, the SQL, the answers' numbers and when to run SHOW TABLES, yet after 1,600 and
-2,100 steps still spent about log 63 nats on every syllable of a copied name — even the second
-syllable of a name whose first syllable occurs once in the context: no induction head had formed.
+A pretrained LLM copies a name from its prompt without effort; the testbed's 1.05M-parameter policy
+starts from random weights, and SFT on coined names alone forms no head that copies them. The
+warm-up stands in for that part of pretraining: it runs once, as a copy base (`copy_base`) that SFT
+starts from, and holds nothing of SQL, harnesses, SHOW TABLES or the tasks' names — its words are
+random consonant-vowel syllables. How each choice below was reached, run by run, is in
+docs/results.md ("Testbed v2", v6-v11, and "the copy warm-up's rows").
 
-What forms copy heads quickly is repetition (docs/results.md, "the warm-up that teaches copying"):
-rows in which a short random list of words is written again and again until the row is full, the
-loss on everything after the list's first token repeats. A first version wrote a 12-word list
-exactly twice: its loss stayed near uniform for 400 steps, as did a toy of one repeat at a random
-offset for 1,250 steps, while the tiny preset learns many-repeat rows in a few hundred steps.
-Those heads copy from a few tokens back only (a list 40 tokens after its first copy costs 7.7
-nats; docs/results.md, v7), short of the hundreds a name spans in an expert stream. v8 stretched
-them with rows of a header of names and filler in which the names recur: it taught a bag of the
-header's names. What stretches them (v9) is a curriculum: after the repeats, `sft.copy_far_steps`
-steps alternate repeat rows with `gap_row`s (filler, a list, up to `sft.copy_far_tokens` of filler,
-the list again).
+- Repeat rows: a short random list of words written again and again until the row is full, the loss
+  on everything after the list's first token. Repetition is what forms copy heads quickly.
+- No place to count from: a row opens with a random lead and has no line breaks ("tamo rive kuvo,
+  geba, kuvo, geba, ..."), so copying by position (an offset after a line break, the row's first
+  tokens) does not pay and the policy must look the current token up.
+- Gap rows (`gap_row`; `sft.copy_far_steps` steps alternate them with repeat rows): filler, a list,
+  up to `sft.copy_far_tokens` of filler, the list again — a name stands hundreds of tokens before
+  the SQL that copies it, farther than repeats teach.
+- Context rows (`style="context"`): leads and gaps are, with even odds, filler or a span of the
+  tokenizer corpus (prose about data, SQL and the action format), and each word's separator is
+  drawn from the marks a name stands beside in a task (`SEPARATORS`), so the lookup does not key on
+  the rows' own filler and ", ".
 
-Every row of v6-v9 opened with its list, and a repeat row was lines ("kuvo, geba\nkuvo, geba\n"):
-the policy learnt to copy by position — the same offset after the last line break, the row's
-first tokens — not by looking the current token up. In v9 it copied at 0.4-1.2 nats at every gap
-with the first copy at the row's start, and at 4.4-6.2 nats with it 150 tokens in (docs/results.md);
-so a name in the middle of a prompt was not copied. Since v10 no row offers a place to count from:
-a repeat row opens with a random lead of filler and has no line breaks ("tamo rive kuvo, geba,
-kuvo, geba, ..."), and a gap row draws a lead before its first copy. `gap_tables` measures the
-reach with the first copy at the row's start and 150 tokens in; a run that looks words up is low
-in both. The words are random consonant-vowel syllables, not the tasks' names, and nothing about
-SQL, harnesses or SHOW TABLES is in them: the warm-up stands in for the pretraining a real policy
-has, and runs once as a copy base (`copy_base`) that SFT starts from.
+`gap_tables` measures the reach with the first copy at the row's start and 150 tokens in (a policy
+that looks words up is low in both); `context_table` scores repeats after prose no row holds.
 
-v10's base looked words up in its own rows (0.003 nats on the repeats) and nowhere else: after the
-240 tokens of a task's prompt the same rows cost 9.7 nats, and with "," for ", " 12.1; its SFT
-spent log 63 nats on every name syllable, as the runs without a warm-up had. Its lookup keyed on
-the rows' surroundings, filler words and ", ". So v11's rows (`style="context"`) put the lists
-among prose: a lead and a gap are, with even odds, filler or a span of the tokenizer corpus
-(text about data, SQL and the action format, as pretraining has; none of the tasks' names and no
-SHOW TABLES), and each word's separator is drawn from the marks a name stands beside in a task
-(`SEPARATORS`). `context_table` scores repeats after prose no training row holds.
-
-Replay (`sft.copy_replay_every`): SFT at its learning rate erased what the warm-up formed (copy
-rows cost 11.2 nats after 300 SFT steps, 0.56 before them) while the names were still not copied.
-So the run can keep the skill alive the way pretraining data mixed into fine-tuning does: after
-every N-th SFT step, one step of the same optimizer on copy rows drawn from (seed, step).
+Replay (`sft.copy_replay_every`): SFT at its learning rate erases what the warm-up formed, so after
+every N-th SFT step one step of the same optimizer runs on copy rows drawn from (seed, step), the
+way pretraining data mixed into fine-tuning keeps a skill alive.
 """
 from __future__ import annotations
 
@@ -62,7 +45,7 @@ MIN_WORDS, MAX_WORDS = 2, 5  # words in a row's list: periods of about 6 to 20 t
 LIST_TOKENS = 12  # a gap row's list: 3 words of 3 syllables, each closed by a separator
 MAX_LEAD = 48  # filler tokens before a repeat row's list: up to 48
 TABLE_LEAD = 150  # filler before the first copy in the second gap table: a lookup, not the row's start
-STYLES = ("plain", "context")  # `sft.copy_style`: what surrounds the lists (module docstring, v11)
+STYLES = ("plain", "context")  # `sft.copy_style`: what surrounds the lists (module docstring)
 # What follows a list word in a context row, one drawn per word: the marks that follow a name in
 # the tasks' prompts and SQL, each one token of the words tokenizer.
 SEPARATORS = (", ", ",", " ", ".", "?", "'", " = ")

@@ -56,11 +56,12 @@ def verdicts(cells: dict, g3_opens=(0.04, 0.12), g3_success=(0.02, 0.08)) -> dic
     g3 = (g3_opens[0] <= o["hidden/heldout/base"] <= g3_opens[1]
           and g3_success[0] <= s["hidden/heldout/base"] <= g3_success[1])
     band = lambda lo_hi: f"{100 * lo_hi[0]:g}-{100 * lo_hi[1]:g}%"  # noqa: E731
-    # One-sided (amended 2026-12-03, docs/results.md): the negative control must rescue about as
-    # often as the positive one, so that its failing to transfer is not for want of rescues; more
-    # often is a stricter control. With an exact copy schema_reminder recovers every guess (~96%)
-    # while tables_first succeeds only when it opens with SHOW TABLES (G2 caps that at 80%), so
-    # the two-sided rule failed every warm start that copied well.
+    # One-sided (the pre-registered rule as amended before any arm ran, docs/results.md): the
+    # negative control must rescue about as often as the positive one, so that its failing to
+    # transfer is not for want of rescues; more often is a stricter control. With an exact copy
+    # schema_reminder recovers every guess (~96%) while tables_first succeeds only when it opens
+    # with SHOW TABLES (G2 caps that at 80%), so a two-sided rule fails every warm start that
+    # copies well.
     g4 = s["hidden/heldout/schema_reminder"] >= s["hidden/heldout/tables_first"] - 0.15
     return {"G1": {"pass": g1, "rule": "visible held-out under base >= 50%, within 10 points of training words"},
             "G2": {"pass": g2, "rule": "hidden under tables_first: opens SHOW TABLES 60-80%, success >= 40%"},
