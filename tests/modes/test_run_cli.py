@@ -24,8 +24,8 @@ def run_py(tmp_path, *args):
 def test_help_lists_the_modes_the_experiment_files_and_their_variants(tmp_path):
     proc = run_py(tmp_path, "--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    mode_lines = {line.split()[0]: line.split()[1] for line in proc.stdout.split("Modes")[1].split("\n\n")[0]
-                  .splitlines()[1:]}
+    table = proc.stdout.split("\nModes (config.mode -> module")[1].split("\n\n")[0]
+    mode_lines = {line.split()[0]: line.split()[1] for line in table.splitlines()[1:]}
     assert set(mode_lines) == {*LIBRARY_MODES, *STUDY_MODES}
     assert mode_lines["eval"] == "hsjax.modes.evaluate" and mode_lines["sft"] == "studies.testbed.warmstart"
     for name in ("dbbench", "appworld", "swegym", "evolve", "export", "serve", "testbed", "testbed_probe"):
