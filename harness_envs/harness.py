@@ -20,8 +20,6 @@ import json
 import pathlib
 from typing import Any, Iterator, Mapping
 
-from harness_envs.base import Message
-
 
 @dataclasses.dataclass(frozen=True)
 class Knob:
@@ -317,7 +315,7 @@ def elide_observation(text: str) -> str:
     return f"[earlier observation elided: {len(text)} characters]"
 
 
-def select_context(history: list[Message], prefix_len: int, mode: str, last_n: int) -> list[Message]:
+def select_context(history: list[dict], prefix_len: int, mode: str, last_n: int) -> list[dict]:
     """The messages shown to the model. `history[:prefix_len]` (instruction and task) is always kept;
     the rest is turns of (assistant reply, user observation).
 

@@ -1,4 +1,5 @@
-"""`AppWorldEpisode`: one AppWorld task under one harness, implementing `harness_envs.base.Episode`.
+"""`AppWorldEpisode`: one AppWorld task under one harness: the hooks of
+`harness_envs.base.EpisodeBase`, which owns the `Episode` life cycle.
 
 The episode opens a session (the task's world: offline or real) on `reset()` and closes it as soon
 as it ends. Each reply is one code cell (`harness.extract_code`); its observation is built by the
@@ -16,16 +17,15 @@ from harness_envs import harness as hz
 from harness_envs.appworld import harness as awh
 from harness_envs.appworld import taxonomy
 from harness_envs.appworld.session import Cell
-from harness_envs.base import new_episode_id
+from harness_envs.base import ENV_ERROR, EpisodeBase, TurnRecord
 
 PREFIX_LEN = 2  # instruction and task: never dropped by context management
 
 
 @dataclasses.dataclass
-class CellRecord:
+class CellRecord(TurnRecord):
     """One reply: `kind` code | no_code | format_retry; the cell's error category for the taxonomy."""
 
-    kind: str
     code: str = ""
     observation: str = ""
     error: str | None = None
@@ -36,85 +36,41 @@ class CellRecord:
     truncated: bool = False
     seconds: float = 0.0
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
-
-class AppWorldEpisode:
+class AppWorldEpisode(EpisodeBase):
     """One task under one harness. `open_session(task)` gives the task's `Session`."""
 
+    prefix_len = PREFIX_LEN
+    open_failure = "opening the task's world failed"
+    close_failure = "closing the session failed"
+    collect_failure = "scoring failed"
+
     def __init__(self, task, spec: hz.HarnessSpec, open_session: Callable, *, sample_index: int = 0):
-        self.task, self.spec, self.open_session = task, spec.validate(), open_session
-        self.info: dict[str, Any] = {
-            "task_id": task.task_id, "type": task.type, "harness": spec.name, "task": task,
-            "episode_id": new_episode_id(f"{task.task_id}/{spec.name}"), "sample_index": sample_index,
-        }
-        self._session = None
-        self._started = False
-        self._clear()
+        self.open_session = open_session
+        super().__init__(task, spec, sample_index=sample_index)
 
     def _clear(self) -> None:
-        self._history: list[dict] = []
-        self._cells: list[CellRecord] = []
-        self._turn = self._rounds = self._format_retries = 0
-        self._done = False
-        self._status = self._abort_reason = self._error = None
+        super()._clear()
+        self._rounds = 0
         self._sandbox_limit = False
-        self._result: dict | None = None
-        self._t0 = time.perf_counter()
+        self._tests, self._completed = [], None  # the session's verdict, taken as the episode ends
 
-    # ------------------------------------------------------------------ Episode protocol
+    @property
+    def _session(self):
+        """The task's session, open from `reset()` until the episode ends."""
+        return self._resource
 
-    def reset(self) -> None:
-        self._close_session()
-        self._clear()
-        self._started = True
-        self._history = self.initial_messages()
-        try:
-            self._session = self.open_session(self.task)
-            if self.spec.knob("verify_before_answer") or self.spec.knob("review_changes"):
-                self._session.hold_completion()
-        except Exception as e:
-            self._finish("env_error", error=f"opening the task's world failed: {type(e).__name__}: {e}")
+    # ------------------------------------------------------------------ opening
+
+    def _open(self):
+        return self.open_session(self.task)
+
+    def _prepare(self) -> None:
+        if self.spec.knob("verify_before_answer") or self.spec.knob("review_changes"):
+            self._session.hold_completion()
 
     def initial_messages(self) -> list[dict]:
         return awh.initial_messages(self.spec, self.task.supervisor, self.task.question)
-
-    def messages(self) -> list[dict]:
-        if not self._started:
-            raise RuntimeError(f"{self.info['episode_id']}: call reset() before messages()/step()")
-        return hz.select_context(self._history, PREFIX_LEN, self.spec.knob("context"), self.spec.knob("context_last_n"))
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    @property
-    def turn(self) -> int:
-        return self._turn
-
-    def step(self, action_text: str) -> None:
-        if not self._started:
-            raise RuntimeError(f"{self.info['episode_id']}: call reset() before messages()/step()")
-        if self._done:
-            raise RuntimeError(f"{self.info['episode_id']}: step() after the episode ended; check `done` first")
-        text = action_text if isinstance(action_text, str) else ("" if action_text is None else str(action_text))
-        self._turn += 1
-        self._history.append({"role": "assistant", "content": text})
-        try:
-            self._step(text)
-        except Exception as e:
-            self._finish("env_error", error=f"{type(e).__name__}: {e}")
-
-    def abort(self, reason: str) -> None:
-        if not self._done:
-            self._abort_reason = str(reason)
-            self._finish("aborted")
-
-    def result(self) -> dict[str, Any]:
-        if not self._done:
-            raise RuntimeError(f"{self.info['episode_id']}: result() before the episode ended")
-        return self._result
 
     # ------------------------------------------------------------------ one reply
 
@@ -122,10 +78,9 @@ class AppWorldEpisode:
         spec = self.spec
         code = awh.extract_code(text, spec)
         if not code:
-            if spec.knob("on_malformed") == "retry" and self._format_retries < spec.knob("max_format_retries"):
-                self._format_retries += 1
-                self._cells.append(CellRecord("format_retry", observation=awh.FORMAT_FEEDBACK))
-                self._history.append({"role": "user", "content": awh.FORMAT_FEEDBACK})
+            if self._retries_format():
+                self._turns.append(CellRecord("format_retry", observation=awh.FORMAT_FEEDBACK))
+                self._tell(awh.FORMAT_FEEDBACK)
                 return
             cell = Cell("", error="NoCode", traceback=awh.NO_CODE)
         else:
@@ -133,11 +88,11 @@ class AppWorldEpisode:
         self._rounds += 1
         observation, truncated = self._observe(cell)
         kinds = [e["kind"] for e in cell.api_errors]
-        self._cells.append(CellRecord(
+        self._turns.append(CellRecord(
             "code" if code else "no_code", code=code, observation=observation, error=cell.error,
             category=taxonomy.cell_category(cell.error, kinds), api_errors=cell.api_errors, api_calls=cell.api_calls,
             held=cell.held, truncated=truncated, seconds=cell.seconds))
-        self._history.append({"role": "user", "content": observation})
+        self._tell(observation)
         self._sandbox_limit = self._sandbox_limit or cell.timed_out or cell.crashed
         if cell.completed:
             self._finish("completed")
@@ -181,21 +136,12 @@ class AppWorldEpisode:
 
     # ------------------------------------------------------------------ ending
 
-    def _finish(self, status: str, error: str | None = None) -> None:
-        self._status = status
-        self._error = error or self._error
-        tests, completed = [], None
-        try:
-            if self._session is not None and status != "env_error":
-                tests, completed = self._session.evaluate()
-        except Exception as e:
-            self._status, self._error = "env_error", f"scoring failed: {type(e).__name__}: {e}"
-        finally:
-            self._close_session()
-            self._done = True
-        self._result = self._score(tests, completed)
+    def _collect(self) -> None:
+        if self._session is not None and self._status != ENV_ERROR:
+            self._tests, self._completed = self._session.evaluate()
 
-    def _score(self, tests, completed) -> dict[str, Any]:
+    def _score(self) -> dict[str, Any]:
+        tests, completed = self._tests, self._completed
         passed = {t.name: t.passed for t in tests}
         success = bool(tests) and all(passed.values()) and self._status == "completed"
         kind = self.task.kind
@@ -204,32 +150,11 @@ class AppWorldEpisode:
         outcome = {"status": self._status, "abort_reason": self._abort_reason, "success": success,
                    "sandbox_limit": self._sandbox_limit, "kind": kind, "tests": passed,
                    "gave_up": bool(completed) and completed.get("status") == "fail"}
-        cells = [c for c in self._cells if c.kind != "format_retry"]
-        return {
-            "task_id": self.task.task_id, "type": self.task.type, "harness": self.spec.name,
-            "scenario_id": self.task.scenario_id, "sample_index": self.info["sample_index"],
-            "success": success, "reward": 1.0 if success else 0.0,
-            "failure_mode": taxonomy.assign([c.category for c in cells], outcome),
-            "status": self._status, "abort_reason": self._abort_reason, "error": self._error,
-            "answer": None if not completed else completed.get("answer"),
-            "num_turns": self._turn, "num_cells": len(cells), "actions": [c.kind for c in self._cells],
-            "api_calls": sum(c.api_calls for c in cells), "api_errors": sum(len(c.api_errors) for c in cells),
-            "tests": passed, "failed_tests": [t.name + (f": {t.detail}" if t.detail else "") for t in tests
-                                              if not t.passed],
-            "cell_seconds": sum(c.seconds for c in cells), "episode_seconds": time.perf_counter() - self._t0,
-            "turns": [c.to_json() for c in self._cells],
-        }
-
-    def _close_session(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            try:
-                session.close()
-            except Exception as e:
-                self._error = self._error or f"closing the session failed: {type(e).__name__}: {e}"
-
-    def __del__(self):
-        try:
-            self._close_session()
-        except Exception:
-            pass
+        cells = [c for c in self._turns if c.kind != "format_retry"]
+        return self._record(
+            success=success, failure_mode=taxonomy.assign([c.category for c in cells], outcome),
+            answer=None if not completed else completed.get("answer"), scenario_id=self.task.scenario_id,
+            num_cells=len(cells), api_calls=sum(c.api_calls for c in cells),
+            api_errors=sum(len(c.api_errors) for c in cells), tests=passed,
+            failed_tests=[t.name + (f": {t.detail}" if t.detail else "") for t in tests if not t.passed],
+            cell_seconds=sum(c.seconds for c in cells), episode_seconds=time.perf_counter() - self._t0)

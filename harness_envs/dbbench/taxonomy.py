@@ -24,6 +24,7 @@ rule that holds names the mode (docs/dbbench.md, "Failure taxonomy", is the refe
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 from harness_envs.base import ABORT_CONTEXT_OVERFLOW, ABORT_POLICY_ERROR, TurnRecord
@@ -45,12 +46,33 @@ FAILURE_MODES = (
     "db_size_limit",
 )
 
+
+# The record of one reply lives here, not in env.py, because these rules read its fields and the
+# episode imports the rules.
+@dataclasses.dataclass
+class ActionRecord(TurnRecord):
+    """What one model reply did. `kind` is the parsed action kind (`sql`, `answer`, `malformed`).
+
+    `ok` is None when nothing was executed; `feedback` names a harness message sent instead of an
+    observation (`format_retry`, `verify`).
+    """
+
+    reply: str
+    observation: str | None = None
+    sql: str | None = None
+    ok: bool | None = None
+    error: str | None = None
+    obs_chars: int = 0
+    truncated: bool = False
+    feedback: str | None = None
+
+
 # How an episode ended (`outcome["status"]`).
 STATUSES = ("answered", "malformed", "turn_limit", "aborted", "env_error", "db_size_limit")
 SQL_ERROR_RUN = 3
 
 
-def max_error_run(turns: Iterable[TurnRecord]) -> int:
+def max_error_run(turns: Iterable[ActionRecord]) -> int:
     """The longest run of consecutive failed statements (replies that ran no statement don't break it)."""
     best = run = 0
     for t in turns:
@@ -61,16 +83,16 @@ def max_error_run(turns: Iterable[TurnRecord]) -> int:
     return best
 
 
-def last_statement_failed(turns: Iterable[TurnRecord]) -> bool:
+def last_statement_failed(turns: Iterable[ActionRecord]) -> bool:
     executed = [t for t in turns if t.kind == "sql" and t.ok is not None]
     return bool(executed) and not executed[-1].ok
 
 
-def any_successful_statement(turns: Iterable[TurnRecord]) -> bool:
+def any_successful_statement(turns: Iterable[ActionRecord]) -> bool:
     return any(t.kind == "sql" and t.ok for t in turns)
 
 
-def assign(turns: list[TurnRecord], outcome: dict) -> str:
+def assign(turns: list[ActionRecord], outcome: dict) -> str:
     """outcome: `status` (one of STATUSES), `abort_reason`, `success`, `is_modification`,
     `table_changed` (bool or None), `correct_if_normalized` (bool)."""
     status = outcome["status"]

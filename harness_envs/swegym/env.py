@@ -1,4 +1,5 @@
-"""`SWEGymEpisode`: one SWE-Gym instance under one harness, implementing `harness_envs.base.Episode`.
+"""`SWEGymEpisode`: one SWE-Gym instance under one harness: the hooks of
+`harness_envs.base.EpisodeBase`, which owns the `Episode` life cycle.
 
 `reset()` opens a workspace of the instance (the repository at `base_commit`) through the runtime
 and records its path as `info["root"]` (the opening context names it; scripted agents read it);
@@ -22,7 +23,7 @@ import time
 from typing import Any, Callable
 
 from harness_envs import harness as hz
-from harness_envs.base import new_episode_id
+from harness_envs.base import ENV_ERROR, EpisodeBase, TurnRecord, describe
 from harness_envs.swegym import harness as swh
 from harness_envs.swegym import taxonomy, tools
 from harness_envs.swegym.instances import Instance
@@ -33,12 +34,11 @@ _PATCH_FILE = re.compile(r"^\+\+\+ b/(.+)$", re.M)
 
 
 @dataclasses.dataclass
-class StepRecord:
+class StepRecord(TurnRecord):
     """One reply: `kind` is the function called, `malformed` or `format_retry`. `tool` is the editor's
     command; `error` the tool's failure kind or the call error kind; `summary` the one-line form
     of the observation that context compression shows."""
 
-    kind: str
     tool: str | None = None
     path: str | None = None
     command: str | None = None
@@ -50,123 +50,81 @@ class StepRecord:
     repaired: str | None = None
     seconds: float = 0.0
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
-
-class SWEGymEpisode:
+class SWEGymEpisode(EpisodeBase):
     """One instance under one harness. `open_workspace(instance)` gives a fresh `Workspace`;
     `score(instance, patch)` the scorer's report of a patch."""
 
+    prefix_len = PREFIX_LEN
+    open_failure = "opening the workspace failed"
+    close_failure = "closing the workspace failed"
+    collect_failure = "taking the patch failed"
+
     def __init__(self, instance: Instance, spec: hz.HarnessSpec, open_workspace: Callable,
                  score: Callable, *, sample_index: int = 0):
-        self.task, self.spec = instance, spec.validate()
         self.open_workspace, self.score = open_workspace, score
-        self.info: dict[str, Any] = {
-            "task_id": instance.task_id, "type": instance.type, "harness": spec.name, "task": instance,
-            "episode_id": new_episode_id(f"{instance.task_id}/{spec.name}"), "sample_index": sample_index,
-        }
-        self._workspace = None
-        self._started = False
-        self._clear()
+        super().__init__(instance, spec, sample_index=sample_index)
 
     def _clear(self) -> None:
-        self._history: list[dict] = []
+        super()._clear()
         self._summaries: dict[int, str] = {}  # history index -> the one-line form of that observation
-        self._records: list[StepRecord] = []
-        self._turn = self._format_retries = 0
-        self._done = False
-        self._status = self._abort_reason = self._error = None
         self._verified = False
         self._python_ran = False
         self._blind: bool | None = None  # set at the first edit of an existing file
         self._reproduction: tuple[str, str] | None = None  # (command, cwd) that test_after_edit reruns
         self._reproduction_failed = False
         self._finish_message: str | None = None
-        self._result: dict | None = None
         self._bash = self._editor = None
-        self._t0 = time.perf_counter()
+        self._patch, self._syntax_errors = "", {}  # taken from the workspace as the episode ends
 
-    # ------------------------------------------------------------------ Episode protocol
+    @property
+    def _workspace(self):
+        """The instance's workspace, open from `reset()` until the episode ends."""
+        return self._resource
 
-    def reset(self) -> None:
-        self._close_workspace()
-        self._clear()
-        self._started = True
-        try:
-            self._workspace = self.open_workspace(self.task)
-        except Exception as e:
-            self._history = self.initial_messages("/repo")
-            self._finish("env_error", error=f"opening the workspace failed: {type(e).__name__}: {e}")
-            return
-        root = self._workspace.root
-        self.info["root"] = root
-        self._history = self.initial_messages(root)
+    # ------------------------------------------------------------------ opening
+
+    def _open(self):
+        return self.open_workspace(self.task)
+
+    def _prepare(self) -> None:
+        self.info["root"] = self._workspace.root
         self._bash = tools.Bash(self._workspace, self.spec.knob("command_timeout_s"))
         self._editor = tools.Editor(self._workspace, view_window=self.spec.knob("view_window"),
                                     hint=self.spec.knob("str_replace_hint"), lint=self.spec.knob("lint_on_edit"))
 
-    def initial_messages(self, root: str) -> list[dict]:
+    def initial_messages(self) -> list[dict]:
+        """The opening context names the workspace's root (`/repo` when it failed to open)."""
+        root = self._workspace.root if self._workspace is not None else "/repo"
         return swh.initial_messages(self.spec, root, self.task.problem_statement)
 
-    def messages(self) -> list[dict]:
-        if not self._started:
-            raise RuntimeError(f"{self.info['episode_id']}: call reset() before messages()/step()")
+    def _context(self) -> list[dict]:
         mode, last_n = self.spec.knob("context"), self.spec.knob("context_last_n")
         if mode != "compress":
-            return hz.select_context(self._history, PREFIX_LEN, mode, last_n)
+            return super()._context()
         rest = len(self._history) - PREFIX_LEN
         keep_from = max(0, rest - 2 * last_n)
         keep_from -= keep_from % 2
         return [{"role": m["role"], "content": self._summaries.get(i, m["content"])}
                 if PREFIX_LEN <= i < PREFIX_LEN + keep_from else dict(m) for i, m in enumerate(self._history)]
 
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    @property
-    def turn(self) -> int:
-        return self._turn
-
-    def step(self, action_text: str) -> None:
-        if not self._started:
-            raise RuntimeError(f"{self.info['episode_id']}: call reset() before messages()/step()")
-        if self._done:
-            raise RuntimeError(f"{self.info['episode_id']}: step() after the episode ended; check `done` first")
-        text = action_text if isinstance(action_text, str) else ("" if action_text is None else str(action_text))
-        self._turn += 1
-        self._history.append({"role": "assistant", "content": text})
-        try:
-            self._step(text)
-            if not self._done and self._turn >= self.spec.knob("max_iterations"):
-                self._finish("iteration_limit")
-        except Exception as e:
-            self._finish("env_error", error=f"{type(e).__name__}: {e}")
-
-    def abort(self, reason: str) -> None:
-        if not self._done:
-            self._abort_reason = str(reason)
-            self._finish("aborted")
-
-    def result(self) -> dict[str, Any]:
-        if not self._done:
-            raise RuntimeError(f"{self.info['episode_id']}: result() before the episode ended")
-        return self._result
-
     # ------------------------------------------------------------------ one reply
 
     def _step(self, text: str) -> None:
+        self._act(text)
+        if not self._done and self._turn >= self.spec.knob("max_iterations"):
+            self._finish("iteration_limit")
+
+    def _act(self, text: str) -> None:
         spec = self.spec
         try:
             call = swh.parse_call(text, spec)
         except swh.CallError as e:
-            if spec.knob("on_malformed") == "retry" and self._format_retries < spec.knob("max_format_retries"):
-                self._format_retries += 1
+            if self._retries_format():
                 feedback = swh.FORMAT_FEEDBACK.format(why=str(e))
                 self._observe(StepRecord("format_retry", error=e.kind, summary="[format feedback]"), feedback)
                 return
-            self._records.append(StepRecord("malformed", error=e.kind, observation=str(e)))
+            self._turns.append(StepRecord("malformed", error=e.kind, observation=str(e)))
             self._finish("malformed")
             return
         t0 = time.perf_counter()
@@ -235,39 +193,23 @@ class SWEGymEpisode:
                 self._observe(StepRecord("finish", error="verify", summary="[finish held back]"), swh.VERIFY_PROMPT)
                 return
         self._finish_message = call.params.get("message", "")
-        self._records.append(StepRecord("finish"))
+        self._turns.append(StepRecord("finish"))
         self._finish("finished")
 
     def _observe(self, record: StepRecord, text: str) -> None:
         record.observation = text
-        self._records.append(record)
+        self._turns.append(record)
         self._summaries[len(self._history)] = record.summary or swh.observation(record.kind, "[condensed]")
-        self._history.append({"role": "user", "content": text})
+        self._tell(text)
 
     # ------------------------------------------------------------------ ending
 
-    def _finish(self, status: str, error: str | None = None) -> None:
-        self._status = status
-        self._error = error or self._error
-        patch, syntax_errors, report = "", {}, None
-        try:
-            if self._workspace is not None and status != "env_error":
-                patch = self._workspace.diff()
-                syntax_errors = self._syntax_errors(patch)
-        except Exception as e:
-            self._status, self._error = "env_error", f"taking the patch failed: {type(e).__name__}: {e}"
-        finally:
-            self._close_workspace()
-        t0 = time.perf_counter()
-        if self._status != "env_error":
-            try:
-                report = self.score(self.task, patch)
-            except Exception as e:
-                self._status, self._error = "env_error", f"scoring failed: {type(e).__name__}: {e}"
-        self._done = True
-        self._result = self._record(patch, syntax_errors, report, time.perf_counter() - t0)
+    def _collect(self) -> None:
+        if self._workspace is not None and self._status != ENV_ERROR:
+            self._patch = self._workspace.diff()
+            self._syntax_errors = self._syntax_errors_of(self._patch)
 
-    def _syntax_errors(self, patch: str) -> dict[str, str]:
+    def _syntax_errors_of(self, patch: str) -> dict[str, str]:
         out = {}
         for rel in sorted(set(_PATCH_FILE.findall(patch))):
             rel = rel.strip()
@@ -281,42 +223,29 @@ class SWEGymEpisode:
                 out[rel] = error
         return out
 
-    def _record(self, patch: str, syntax_errors: dict, report, score_s: float) -> dict[str, Any]:
-        records = self._records
+    def _score(self) -> dict[str, Any]:
+        """Scores the patch in a fresh workspace (the episode's own is closed by now)."""
+        patch, syntax_errors, report = self._patch, self._syntax_errors, None
+        t0 = time.perf_counter()
+        if self._status != ENV_ERROR:
+            try:
+                report = self.score(self.task, patch)
+            except Exception as e:
+                self._status, self._error = ENV_ERROR, f"scoring failed: {describe(e)}"
+        score_s = time.perf_counter() - t0
+        records = self._turns
         edits = [r for r in records if r.kind == "str_replace_editor" and r.tool != "view"]
         trace = taxonomy.Trace(status=self._status, abort_reason=self._abort_reason, patch=patch,
                                failed_edits=sum(1 for r in edits if r.error), blind=bool(self._blind),
                                syntax_errors=syntax_errors)
-        success = bool(report is not None and report.resolved)
-        return {
-            "task_id": self.task.task_id, "type": self.task.type, "harness": self.spec.name,
-            "sample_index": self.info["sample_index"], "success": success, "reward": 1.0 if success else 0.0,
-            "failure_mode": taxonomy.assign(trace, report),
-            "status": self._status, "abort_reason": self._abort_reason, "error": self._error,
-            "answer": self._finish_message, "num_turns": self._turn, "actions": [r.kind for r in records],
-            "patch": patch, "report": None if report is None else report.to_json(),
-            "edits": [{"command": r.tool, "path": r.path, "ok": r.error is None} for r in edits],
-            "commands": [r.command for r in records if r.kind == "execute_bash"],
-            "failed_edits": trace.failed_edits, "blind_edit": trace.blind, "syntax_errors": syntax_errors,
-            "format_retries": self._format_retries,
-            "tool_seconds": sum(r.seconds for r in records), "score_seconds": score_s,
-            "episode_seconds": time.perf_counter() - self._t0,
-            "turns": [r.to_json() for r in records],
-        }
-
-    def _close_workspace(self) -> None:
-        workspace, self._workspace = self._workspace, None
-        if workspace is not None:
-            try:
-                workspace.close()
-            except Exception as e:
-                self._error = self._error or f"closing the workspace failed: {type(e).__name__}: {e}"
-
-    def __del__(self):
-        try:
-            self._close_workspace()
-        except Exception:
-            pass
+        return self._record(
+            success=report is not None and report.resolved, failure_mode=taxonomy.assign(trace, report),
+            answer=self._finish_message, patch=patch, report=None if report is None else report.to_json(),
+            edits=[{"command": r.tool, "path": r.path, "ok": r.error is None} for r in edits],
+            commands=[r.command for r in records if r.kind == "execute_bash"],
+            failed_edits=trace.failed_edits, blind_edit=trace.blind, syntax_errors=syntax_errors,
+            format_retries=self._format_retries, tool_seconds=sum(r.seconds for r in records),
+            score_seconds=score_s, episode_seconds=time.perf_counter() - self._t0)
 
 
 def _clip(text: str, n: int) -> str:

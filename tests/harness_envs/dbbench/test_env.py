@@ -5,7 +5,7 @@ import random
 import pytest
 
 from harness_envs.dbbench.benchmark import KNOBS
-from harness_envs.base import RESULT_KEYS, Episode, TurnRecord, check_result
+from harness_envs.base import RESULT_KEYS, Episode, check_result
 from harness_envs.dbbench import harness as dbh
 from harness_envs.dbbench import taxonomy
 from harness_envs.dbbench.backends import hash_rows
@@ -397,10 +397,10 @@ def test_fuzzed_and_hostile_replies_never_crash(backend, tmp_path):
 # ------------------------------------------------------------------ failure taxonomy, rule by rule
 
 def _sql(ok, truncated=False):
-    return TurnRecord(kind="sql", reply="", sql="q", ok=ok, truncated=truncated)
+    return taxonomy.ActionRecord(kind="sql", reply="", sql="q", ok=ok, truncated=truncated)
 
 
-ANSWER = TurnRecord(kind="answer", reply="")
+ANSWER = taxonomy.ActionRecord(kind="answer", reply="")
 
 
 def _outcome(status="answered", success=False, modification=False, **kw):
