@@ -12,22 +12,40 @@ Each benchmark declares in one place, `harness_envs/<name>/benchmark.py`, a subc
     summarize           the scorer's summary of episode results; `headline` names its main number
     slice_metrics       optional scalars of an evaluation beyond the summary (a slice of the tasks)
     format_table        the table `run.py` prints for {column: summary}
-    agent_kinds, make_agent   scripted agents (chat policies) that play the benchmark
+    agent_kinds, make_agent   scripted agents (chat policies) that play the benchmark: `oracle_agent`
+                        and `slipping_agent` give the `oracle` and `scripted` kinds
     default_pool        the pool file shipped with it
 
-A benchmark instance holds its resources (database servers, worker processes); `close()` releases
-them, and it is a context manager. `docs/architecture.md` walks through adding one.
+A benchmark instance holds its resources (database servers, worker processes), each started on
+first use (`_started`); `close()` releases them, and it is a context manager. `docs/architecture.md` walks through adding one.
 """
 from __future__ import annotations
 
 import abc
 import pathlib
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from harness_envs.base import Episode, Message, Task
 from harness_envs.harness import Direction, HarnessSpec, KnobSchema, Pool, load_pool
 
 SUCCESS = "success"
+
+
+def percent_table(summaries: dict[str, dict], rows: Sequence[tuple[str, str]], rule_before: Iterable[str] = ()) -> str:
+    """The printable table of a benchmark's `format_table`: one column per summary, one row per
+    (label, summary key), values in % ("-" where a summary lacks the key), a rule above each row
+    whose key is in `rule_before`."""
+    names, rule_before = list(summaries), set(rule_before)
+    label_w = max(len(label) for label, _ in rows) + 2
+    col_w = max(8, *(len(n) + 2 for n in names))
+    lines = ["".ljust(label_w) + "".join(n.rjust(col_w) for n in names)]
+    for label, key in rows:
+        if key in rule_before:
+            lines.append("-" * (label_w + col_w * len(names)))
+        cells = [("-" if summaries[n].get(key) is None else f"{100 * summaries[n][key]:.1f}").rjust(col_w)
+                 for n in names]
+        lines.append(label.ljust(label_w) + "".join(cells))
+    return "\n".join(lines)
 
 
 class Benchmark(abc.ABC):
@@ -41,6 +59,8 @@ class Benchmark(abc.ABC):
     splits: tuple[str, ...]
     headline: str
     agent_kinds: tuple[str, ...] = ()
+    oracle_agent: type | None = None  # replays the gold; `make_agent("oracle")`
+    slipping_agent: type | None = None  # the oracle with slips (`noise`, `seed`); `make_agent("scripted")`
     default_pool: pathlib.Path | None = None
 
     # ------------------------------------------------------------------ tasks and episodes
@@ -75,8 +95,14 @@ class Benchmark(abc.ABC):
 
     # ------------------------------------------------------------------ agents
 
-    def make_agent(self, kind: str, *, seed: int = 0, **options) -> Any:
-        """A scripted agent (a chat policy) of one of `agent_kinds`."""
+    def make_agent(self, kind: str, *, seed: int = 0, noise: Mapping[str, float] | None = None, **options) -> Any:
+        """A scripted agent (a chat policy) of one of `agent_kinds`: `oracle` replays the gold;
+        `scripted` slips with the probabilities `noise` ({slip: p}; slips at 0 are left out)."""
+        if kind == "oracle" and self.oracle_agent is not None:
+            return self.oracle_agent(**options)
+        if kind == "scripted" and self.slipping_agent is not None:
+            active = {k: float(v) for k, v in (noise or {}).items() if float(v) > 0}
+            return self.slipping_agent(active, seed=seed, **options)
         raise ValueError(f"{self.name} has no scripted agent {kind!r}; kinds: {list(self.agent_kinds)}")
 
     # ------------------------------------------------------------------ harnesses
@@ -119,8 +145,19 @@ class Benchmark(abc.ABC):
 
     # ------------------------------------------------------------------ resources
 
+    def _started(self, name: str, start: Callable[[], Any]) -> Any:
+        """The resource `name` (a database server, a worker), made by `start()` on first use and
+        released by `close()`."""
+        resources = self.__dict__.setdefault("_resources", {})
+        if name not in resources:
+            resources[name] = start()
+        return resources[name]
+
     def close(self) -> None:
-        """Releases what the benchmark holds (database servers, workers)."""
+        """Releases what the benchmark holds (database servers, workers), the latest started first."""
+        resources = self.__dict__.pop("_resources", {})
+        for resource in reversed(resources.values()):
+            resource.close()
 
     def __enter__(self):
         return self

@@ -9,20 +9,11 @@ id, sample index), never on the harness, so the same agent behaves the same unde
 """
 from __future__ import annotations
 
-import dataclasses
-import random
 from typing import Generator
 
 from harness_envs.appworld import harness as awh
 from harness_envs.appworld.tasks import AppWorldTask
-from harness_envs.plan_agent import Plan, PlanAgent
-
-
-@dataclasses.dataclass(frozen=True)
-class Slip:
-    failure_mode: str  # under the base harness
-    sibling: str  # the shipped sibling that repairs it
-    doc: str
+from harness_envs.plan_agent import Plan, PlanAgent, Slip, SlipDrawingAgent
 
 
 SLIPS: dict[str, Slip] = {
@@ -131,12 +122,6 @@ def slipping_plan(task: AppWorldTask, slips: frozenset[str], fmt) -> Plan:
             obs = yield fmt(CONFIRM)
 
 
-def draw_slips(noise: dict[str, float], seed: int, task_id: str, sample_index: int = 0) -> frozenset[str]:
-    """The slips of one episode; a pure function of its arguments."""
-    rng = random.Random(f"{seed}/{task_id}/{sample_index}")
-    return frozenset(name for name in SLIPS if rng.random() < float(noise.get(name, 0.0)))
-
-
 class OracleAgent(PlanAgent):
     """Runs the gold solution, then confirms whatever the harness asks."""
 
@@ -144,22 +129,11 @@ class OracleAgent(PlanAgent):
         return oracle_plan(info["task"])
 
 
-class SlippingAgent(PlanAgent):
+class SlippingAgent(SlipDrawingAgent):
     """The oracle with slips: `noise` maps slip names of `SLIPS` to probabilities per episode."""
 
-    def __init__(self, noise: dict[str, float] | None = None, seed: int = 0):
-        super().__init__()
-        noise = {k: float(v) for k, v in (noise or {}).items()}
-        unknown = sorted(set(noise) - set(SLIPS))
-        if unknown:
-            raise ValueError(f"unknown AppWorld slip(s) {unknown}; known slips: {sorted(SLIPS)}")
-        bad = {k: p for k, p in noise.items() if not 0.0 <= p <= 1.0}
-        if bad:
-            raise ValueError(f"slip probabilities must be in [0, 1], got {bad}")
-        self.noise, self.seed = noise, int(seed)
-
-    def slips_for(self, info: dict) -> frozenset[str]:
-        return draw_slips(self.noise, self.seed, info["task_id"], info.get("sample_index", 0))
+    SLIPS = SLIPS
+    slip_noun = "AppWorld slip"
 
     def _new_plan(self, info: dict) -> Plan:
         slips = self.slips_for(info)

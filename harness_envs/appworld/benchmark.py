@@ -82,6 +82,7 @@ class AppWorld(Benchmark):
     directions = DIRECTIONS
     headline = "tgc"
     agent_kinds = ("oracle", "scripted")
+    oracle_agent, slipping_agent = agents.OracleAgent, agents.SlippingAgent  # slips: `agents.SLIPS`
     default_pool = POOLS_DIR / "appworld_siblings.json"
 
     def __init__(self, *, backend: Mapping | None = None):
@@ -96,7 +97,6 @@ class AppWorld(Benchmark):
         if options:
             raise ValueError(f"unknown appworld backend option(s) {sorted(options)}; known: kind, isolation, wall_s, "
                              "cpu_s, memory_mb, python, root")
-        self._real: real.RealAppWorld | None = None
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -105,9 +105,8 @@ class AppWorld(Benchmark):
     @property
     def real(self) -> real.RealAppWorld:
         """The worker in AppWorld's venv, started on first use."""
-        if self._real is None:
-            self._real = real.RealAppWorld(limits=self.limits, isolation=self.isolation, **self._real_options)
-        return self._real
+        return self._started("real", lambda: real.RealAppWorld(limits=self.limits, isolation=self.isolation,
+                                                               **self._real_options))
 
     def load_split(self, name: str, *, seed: int = 0, limit: int = 0) -> list:
         if seed:
@@ -132,23 +131,12 @@ class AppWorld(Benchmark):
     def format_table(self, summaries: dict[str, dict]) -> str:
         return evaluator.format_table(summaries)
 
-    def make_agent(self, kind: str, *, seed: int = 0, noise: Mapping[str, float] | None = None, **options):
-        """`oracle` runs the gold solution (offline world only); `scripted` slips with the
-        probabilities `noise` ({slip: p}, `agents.SLIPS`)."""
+    def make_agent(self, kind: str, *, seed: int = 0, **options):
+        """The scripted agents run the gold solution: the offline world's only."""
         if kind in ("oracle", "scripted") and self.backend_kind != "offline":
             raise ValueError(f"scripted AppWorld agents need the offline world's gold solutions; backend "
                              f"{self.backend_kind!r} has none to read. Use policy.kind=http or jax")
-        if kind == "oracle":
-            return agents.OracleAgent(**options)
-        if kind == "scripted":
-            return agents.SlippingAgent({k: float(v) for k, v in (noise or {}).items() if float(v) > 0}, seed=seed,
-                                        **options)
         return super().make_agent(kind, seed=seed, **options)
-
-    def close(self) -> None:
-        worker, self._real = self._real, None
-        if worker is not None:
-            worker.close()
 
     def __repr__(self):
         return f"{type(self).__name__}(backend={self.backend_kind!r})"

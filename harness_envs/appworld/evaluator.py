@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from harness_envs.benchmark import percent_table
+
 
 def summarize(records: Iterable[dict]) -> dict:
     """`tgc`, `sgc`, `<type>_tgc`, `counts` ({type: episodes}), `scenarios`, and `failure_modes`
@@ -50,16 +52,6 @@ def summarize(records: Iterable[dict]) -> dict:
 
 def format_table(summaries: dict[str, dict]) -> str:
     """TGC per type, then TGC and SGC overall, in % (rows), for each summary (columns)."""
-    names = list(summaries)
     types = sorted({k.removesuffix("_tgc") for s in summaries.values() for k in s if k.endswith("_tgc")} - {""})
     rows = [(ty, f"{ty}_tgc") for ty in types] + [("TGC", "tgc"), ("SGC", "sgc")]
-    label_w = max(len(label) for label, _ in rows) + 2
-    col_w = max(8, *(len(n) + 2 for n in names))
-    lines = ["".ljust(label_w) + "".join(n.rjust(col_w) for n in names)]
-    for label, key in rows:
-        if key == "tgc":
-            lines.append("-" * (label_w + col_w * len(names)))
-        cells = [("-" if summaries[n].get(key) is None else f"{100 * summaries[n][key]:.1f}").rjust(col_w)
-                 for n in names]
-        lines.append(label.ljust(label_w) + "".join(cells))
-    return "\n".join(lines)
+    return percent_table(summaries, rows, rule_before=("tgc",))

@@ -16,21 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import re
 from typing import Iterable
 
 from harness_envs.dbbench import evaluator
 from harness_envs.dbbench import harness as dbh
 from harness_envs.dbbench.data import DBTask, is_modification
-from harness_envs.plan_agent import Plan, PlanAgent
-
-
-@dataclasses.dataclass(frozen=True)
-class Slip:
-    failure_mode: str  # under the base harness
-    sibling: str  # the starter-pool sibling that repairs it
-    doc: str
+from harness_envs.plan_agent import Plan, PlanAgent, Slip, SlipDrawingAgent
 
 
 SLIPS: dict[str, Slip] = {
@@ -171,14 +163,6 @@ def noisy_plan(task: DBTask, slips: frozenset[str], fmt: Formatter) -> Plan:
     yield from _solve(task, fmt, answer)
 
 
-def draw_slips(noise: dict[str, float], seed: int, task_id: str, sample_index: int = 0) -> tuple[frozenset, str | None]:
-    """The slips of one episode and its format-slip variant; a pure function of its arguments."""
-    rng = random.Random(f"{seed}/{task_id}/{sample_index}")
-    slips = frozenset(name for name in SLIPS if rng.random() < float(noise.get(name, 0.0)))
-    variant = rng.choice(_FORMAT_VARIANTS)
-    return slips, (variant if "format_slip" in slips else None)
-
-
 class OracleAgent(PlanAgent):
     """Answers with the gold label, or runs the gold statement then answers."""
 
@@ -186,24 +170,13 @@ class OracleAgent(PlanAgent):
         return oracle_plan(info["task"])
 
 
-class NoisyAgent(PlanAgent):
+class NoisyAgent(SlipDrawingAgent):
     """The oracle with slips: `noise` maps slip names of `SLIPS` to probabilities per episode."""
 
-    def __init__(self, noise: dict[str, float] | None = None, seed: int = 0):
-        super().__init__()
-        noise = dict(noise or {})
-        unknown = sorted(set(noise) - set(SLIPS))
-        if unknown:
-            raise ValueError(f"unknown slip(s) {unknown}; known slips: {sorted(SLIPS)}")
-        for name, p in noise.items():
-            if not 0.0 <= float(p) <= 1.0:
-                raise ValueError(f"slip {name!r} has probability {p}; it must be in [0, 1]")
-        self.noise = noise
-        self.seed = int(seed)
-
-    def slips_for(self, info: dict) -> frozenset[str]:
-        return draw_slips(self.noise, self.seed, info["task_id"], info.get("sample_index", 0))[0]
+    SLIPS = SLIPS
 
     def _new_plan(self, info: dict) -> Plan:
-        slips, variant = draw_slips(self.noise, self.seed, info["task_id"], info.get("sample_index", 0))
+        rng = self.episode_random(info)
+        slips = self.draw_slips(rng)
+        variant = rng.choice(_FORMAT_VARIANTS) if "format_slip" in slips else None  # the stream's next draw
         return noisy_plan(info["task"], slips, Formatter(variant))

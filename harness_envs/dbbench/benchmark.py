@@ -72,6 +72,7 @@ class DBBench(Benchmark):
     splits = data.SPLITS
     headline = "overall_cat_accuracy"
     agent_kinds = ("oracle", "scripted")
+    oracle_agent, slipping_agent = agents.OracleAgent, agents.NoisyAgent
     default_pool = POOLS_DIR / "dbbench_siblings.json"
 
     def __init__(self, *, backend: Mapping | None = None, rule: str = "v0.2"):
@@ -81,14 +82,11 @@ class DBBench(Benchmark):
         kind = options.pop("kind", "sqlite")
         self.backend_options = {k: v for k, v in options.items() if v not in ("", None)}
         self.backend_kind, self.rule = kind, rule
-        self._backend = None
 
     @property
     def backend(self):
         """The database backend, started on first use (a MariaDB server is a process)."""
-        if self._backend is None:
-            self._backend = make_backend(self.backend_kind, **self.backend_options)
-        return self._backend
+        return self._started("backend", lambda: make_backend(self.backend_kind, **self.backend_options))
 
     def load_split(self, name: str, *, seed: int = 0, limit: int = 0) -> list[data.DBTask]:
         if seed:
@@ -107,20 +105,6 @@ class DBBench(Benchmark):
 
     def format_table(self, summaries: dict[str, dict]) -> str:
         return evaluator.format_table(summaries)
-
-    def make_agent(self, kind: str, *, seed: int = 0, noise: Mapping[str, float] | None = None, **options):
-        """`oracle` replays the gold; `scripted` slips with the probabilities `noise` ({slip: p})."""
-        if kind == "oracle":
-            return agents.OracleAgent(**options)
-        if kind == "scripted":
-            return agents.NoisyAgent({k: float(v) for k, v in (noise or {}).items() if float(v) > 0}, seed=seed,
-                                     **options)
-        return super().make_agent(kind, seed=seed, **options)
-
-    def close(self) -> None:
-        backend, self._backend = self._backend, None
-        if backend is not None:
-            backend.close()
 
     def __repr__(self):
         return f"{type(self).__name__}(backend={self.backend_kind!r}, rule={self.rule!r})"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 from typing import Iterable
 
+from harness_envs.benchmark import percent_table
 from harness_envs.dbbench.data import CATEGORIES, MODIFY_TYPES, SELECT_TYPES, DBTask, category, is_modification
 
 RULES = ("v0.2", "lenient")
@@ -197,18 +198,6 @@ def table_rows(summaries: dict[str, dict]) -> list[str]:
 
 def format_table(summaries: dict[str, dict]) -> str:
     """Accuracy in % per type, category and overall (rows) for each summary (columns)."""
-    names = list(summaries)
-    rows = table_rows(summaries)
-    label_w = max(len(r.removesuffix("_accuracy")) for r in rows) + 2
-    col_w = max(8, *(len(n) + 2 for n in names))
-    lines = ["".ljust(label_w) + "".join(n.rjust(col_w) for n in names)]
-    for i, key in enumerate(rows):
-        label = key.removesuffix("_accuracy")
-        if i > 0 and (key == "overall_cat_accuracy" or (label == CATEGORIES[0])):
-            lines.append("-" * (label_w + col_w * len(names)))
-        cells = []
-        for n in names:
-            value = summaries[n].get(key)
-            cells.append(("-" if value is None else f"{100 * value:.1f}").rjust(col_w))
-        lines.append(label.ljust(label_w) + "".join(cells))
-    return "\n".join(lines)
+    keys = table_rows(summaries)
+    rules = {"overall_cat_accuracy", f"{CATEGORIES[0]}_accuracy"} - {keys[0]}  # rules between blocks only
+    return percent_table(summaries, [(key.removesuffix("_accuracy"), key) for key in keys], rule_before=rules)

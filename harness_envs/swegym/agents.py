@@ -15,22 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import re
 import shlex
 from typing import Callable, Generator
 
-from harness_envs.plan_agent import Plan, PlanAgent
+from harness_envs.plan_agent import Plan, PlanAgent, Slip, SlipDrawingAgent
 from harness_envs.swegym import harness as swh
 from harness_envs.swegym.instances import Instance
 from harness_envs.swegym.runtime import pytest_command
-
-
-@dataclasses.dataclass(frozen=True)
-class Slip:
-    failure_mode: str  # under the base harness
-    sibling: str  # the shipped sibling that repairs it
-    doc: str
 
 
 SLIPS: dict[str, Slip] = {
@@ -369,12 +361,6 @@ def slipping_plan(instance: Instance, root: str, slips: frozenset[str], fmt: Fmt
     yield from finish_forever(fmt)
 
 
-def draw_slips(noise: dict[str, float], seed: int, task_id: str, sample_index: int = 0) -> frozenset[str]:
-    """The slips of one episode; a pure function of its arguments."""
-    rng = random.Random(f"{seed}/{task_id}/{sample_index}")
-    return frozenset(name for name in SLIPS if rng.random() < float(noise.get(name, 0.0)))
-
-
 def _root(info: dict) -> str:
     if "root" not in info:
         raise KeyError("SWE-Gym scripted agents read the repository's path from info['root'], set by the episode's "
@@ -389,22 +375,11 @@ class OracleAgent(PlanAgent):
         return oracle_plan(info["task"], _root(info))
 
 
-class SlippingAgent(PlanAgent):
+class SlippingAgent(SlipDrawingAgent):
     """The oracle with slips: `noise` maps slip names of `SLIPS` to probabilities per episode."""
 
-    def __init__(self, noise: dict[str, float] | None = None, seed: int = 0):
-        super().__init__()
-        noise = {k: float(v) for k, v in (noise or {}).items()}
-        unknown = sorted(set(noise) - set(SLIPS))
-        if unknown:
-            raise ValueError(f"unknown SWE-Gym slip(s) {unknown}; known slips: {sorted(SLIPS)}")
-        bad = {k: p for k, p in noise.items() if not 0.0 <= p <= 1.0}
-        if bad:
-            raise ValueError(f"slip probabilities must be in [0, 1], got {bad}")
-        self.noise, self.seed = noise, int(seed)
-
-    def slips_for(self, info: dict) -> frozenset[str]:
-        return draw_slips(self.noise, self.seed, info["task_id"], info.get("sample_index", 0))
+    SLIPS = SLIPS
+    slip_noun = "SWE-Gym slip"
 
     def _new_plan(self, info: dict) -> Plan:
         slips = self.slips_for(info)

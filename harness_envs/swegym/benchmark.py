@@ -123,6 +123,9 @@ class SWEGym(Benchmark):
     directions = DIRECTIONS
     headline = "resolved"
     agent_kinds = ("oracle", "scripted")
+    # The oracle applies the gold patch and the slipping agent (`agents.SLIPS`) works from it too:
+    # every SWE-bench JSONL carries it.
+    oracle_agent, slipping_agent = agents.OracleAgent, agents.SlippingAgent
     default_pool = POOLS_DIR / "swegym_siblings.json"
 
     def __init__(self, *, backend: Mapping | None = None):
@@ -142,7 +145,6 @@ class SWEGym(Benchmark):
             raise ValueError("swegym backend kind 'swegym' needs backend.instances=<a SWE-bench/SWE-Gym JSONL>")
         self.cache_dir = pathlib.Path(self.backend.cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
         self._instances: list[Instance] | None = None
-        self._runtime = None
 
     # ------------------------------------------------------------------ tasks
 
@@ -197,22 +199,22 @@ class SWEGym(Benchmark):
     @property
     def runtime(self):
         """The runtime, made on first use."""
-        if self._runtime is None:
-            b = self.backend
-            if b.runtime == "local":
-                limits = dataclasses.replace(DEFAULT_LIMITS, cpu_s=int(b.cpu_s), memory_mb=int(b.memory_mb))
-                repos = b.repos_dir or self.cache_dir / "repos"
-                if not pathlib.Path(repos).is_dir():
-                    raise FileNotFoundError(f"no SWE-Gym repositories at {repos}: build the offline cache with "
-                                            f"{SETUP} (or set benchmark.backend.repos_dir)")
-                # The whole cache (sdists hold the pristine source, instance files the gold patches)
-                # and the instance file's directory are hidden from agent commands, wherever they are.
-                hide = tuple(str(p) for p in (self.cache_dir, self.instances_path.parent) if p.is_dir())
-                self._runtime = LocalRuntime(repos, b.venvs_dir or self.cache_dir / "venvs", limits,
-                                             isolation_mode=b.isolation, hide=hide)
-            else:
-                self._runtime = ContainerRuntime(cli=b.container_cli)
-        return self._runtime
+        return self._started("runtime", self._make_runtime)
+
+    def _make_runtime(self):
+        b = self.backend
+        if b.runtime != "local":
+            return ContainerRuntime(cli=b.container_cli)
+        limits = dataclasses.replace(DEFAULT_LIMITS, cpu_s=int(b.cpu_s), memory_mb=int(b.memory_mb))
+        repos = b.repos_dir or self.cache_dir / "repos"
+        if not pathlib.Path(repos).is_dir():
+            raise FileNotFoundError(f"no SWE-Gym repositories at {repos}: build the offline cache with "
+                                    f"{SETUP} (or set benchmark.backend.repos_dir)")
+        # The whole cache (sdists hold the pristine source, instance files the gold patches)
+        # and the instance file's directory are hidden from agent commands, wherever they are.
+        hide = tuple(str(p) for p in (self.cache_dir, self.instances_path.parent) if p.is_dir())
+        return LocalRuntime(repos, b.venvs_dir or self.cache_dir / "venvs", limits, isolation_mode=b.isolation,
+                            hide=hide)
 
     def open_workspace(self, instance: Instance):
         return self.runtime.workspace(instance)
@@ -251,21 +253,6 @@ class SWEGym(Benchmark):
 
     def format_table(self, summaries: dict[str, dict]) -> str:
         return evaluator.format_table(summaries)
-
-    def make_agent(self, kind: str, *, seed: int = 0, noise: Mapping[str, float] | None = None, **options):
-        """`oracle` applies the gold patch; `scripted` slips with the probabilities `noise` ({slip: p},
-        `agents.SLIPS`). Both read the instance's gold patch, which every SWE-bench JSONL carries."""
-        if kind == "oracle":
-            return agents.OracleAgent(**options)
-        if kind == "scripted":
-            return agents.SlippingAgent({k: float(v) for k, v in (noise or {}).items() if float(v) > 0}, seed=seed,
-                                        **options)
-        return super().make_agent(kind, seed=seed, **options)
-
-    def close(self) -> None:
-        runtime, self._runtime = self._runtime, None
-        if runtime is not None:
-            runtime.close()
 
     def __repr__(self):
         return f"{type(self).__name__}(backend={self.backend.kind!r}, runtime={self.backend.runtime!r})"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from harness_envs.benchmark import percent_table
+
 
 def summarize(records: Iterable[dict]) -> dict:
     """`resolved`, `<repo>_resolved`, `counts` ({repo: episodes}), `instances`, `patch_rate` (episodes
@@ -53,17 +55,7 @@ def slice_metrics(records: Sequence[dict]) -> dict[str, float]:
 
 def format_table(summaries: dict[str, dict]) -> str:
     """Resolved % per repository, then overall (rows), for each summary (columns)."""
-    names = list(summaries)
     types = sorted({k.removesuffix("_resolved") for s in summaries.values() for k in s
                     if k.endswith("_resolved")} - {""})
     rows = [(ty, f"{ty}_resolved") for ty in types] + [("resolved", "resolved")]
-    label_w = max(len(label) for label, _ in rows) + 2
-    col_w = max(8, *(len(n) + 2 for n in names))
-    lines = ["".ljust(label_w) + "".join(n.rjust(col_w) for n in names)]
-    for label, key in rows:
-        if key == "resolved":
-            lines.append("-" * (label_w + col_w * len(names)))
-        cells = [("-" if summaries[n].get(key) is None else f"{100 * summaries[n][key]:.1f}").rjust(col_w)
-                 for n in names]
-        lines.append(label.ljust(label_w) + "".join(cells))
-    return "\n".join(lines)
+    return percent_table(summaries, rows, rule_before=("resolved",))
