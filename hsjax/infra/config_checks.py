@@ -61,6 +61,7 @@ CHECKS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("total_steps", *NON_NEGATIVE),  # 0: only score the starting policy (testbed's names_warmstart)
     ("checkpoint.every", *COUNT), ("checkpoint.keep", *COUNT),
     ("rollout.n", *COUNT), ("rollout.groups", *COUNT), ("batch.micro_batches", *COUNT),
+    ("model.memory_budget", *NON_NEGATIVE),  # GiB; 0: the device's own memory (models/memory_plan.py)
     ("runner.batch_size", *COUNT), ("*.env_workers", *COUNT), ("*batch_size", *COUNT),
     ("rescue.k", *COUNT), ("rescue.m", *COUNT), ("dapo.max_draws", *COUNT),
     ("log.print_every", *COUNT), ("log.every", *COUNT), ("sft.save_every", *COUNT), ("sft.steps", *COUNT),
