@@ -80,20 +80,28 @@ def quiet_abandoned_writes():
     tracebacks after the one line that says what happened. The filter is in place for the save and
     stays after a failed one (the writes outlive it); a successful save restores the hook.
 
-    orbax also logs each failed write thread at ERROR with its traceback; those records are
-    lowered to INFO, so they stay in log.txt and leave the console to `DiskFull`'s one line."""
+    orbax also logs each failed write thread at ERROR with its traceback, and asyncio logs "Task
+    exception was never retrieved" for each abandoned write task when it is collected, at a moment
+    no one chooses (during the save, after it or at exit: CI once saw it on the console). Both kinds
+    of record are lowered to INFO, so they stay in log.txt and leave the console to `DiskFull`'s
+    one line."""
     previous = sys.unraisablehook
 
     def hook(unraisable, _previous=previous, _aftermath=_orbax_aftermath):
         if not _aftermath(unraisable):
             _previous(unraisable)
 
-    absl_logger = logging.getLogger("absl")
+    loggers = [logging.getLogger(name) for name in _LOGGERS_OF_ABANDONED_WRITES]
     sys.unraisablehook = hook
-    absl_logger.addFilter(_lower_disk_full_records)
+    for logger in loggers:
+        logger.addFilter(_lower_disk_full_records)
     yield
     sys.unraisablehook = previous
-    absl_logger.removeFilter(_lower_disk_full_records)
+    for logger in loggers:
+        logger.removeFilter(_lower_disk_full_records)
+
+
+_LOGGERS_OF_ABANDONED_WRITES = ("absl", "asyncio")
 
 
 def _lower_disk_full_records(record: logging.LogRecord) -> bool:
