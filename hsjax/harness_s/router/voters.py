@@ -37,11 +37,15 @@ import threading
 import time
 from typing import Sequence
 
+from hsjax.harness_s.router import letter_vote
 from hsjax.llm.client import ChatClient, ClientSettings, LLMError
 from hsjax.llm.json_extract import find_json
 
 log = logging.getLogger(__name__)
 
+# "ranking": the reply's text must hold a JSON ranking; "logprob": one token is asked for and the
+# ranking read from the log-probabilities of the candidates' letters (letter_vote.py).
+VOTE_MODES = ("ranking", "logprob")
 FAILURE_REASONS = ("timeout", "http_error", "connection_error", "malformed", "too_large", "unknown_names",
                    "missing_api_key", "error")
 
@@ -71,10 +75,14 @@ class VoterSpec:
     # Longest wait before a retry, even when the server's Retry-After asks for more: a voter is
     # one opinion among several, not worth holding a decision for.
     max_backoff_s: float = 5.0
+    vote_mode: str = "ranking"  # one of VOTE_MODES
 
     def __post_init__(self):
         if not self.name:
             raise ValueError("VoterSpec.name must be a non-empty string (it keys stats and caches)")
+        if self.vote_mode not in VOTE_MODES:
+            raise ValueError(f"VoterSpec {self.name!r}: vote_mode must be one of {VOTE_MODES}, "
+                             f"got {self.vote_mode!r}")
         if self.timeout_s <= 0 or self.max_retries < 0 or self.weight < 0 or self.max_backoff_s < 0:
             raise ValueError(f"VoterSpec {self.name!r}: timeout_s must be > 0, max_retries >= 0, weight >= 0, "
                              f"max_backoff_s >= 0; got {self.timeout_s}, {self.max_retries}, {self.weight}, "
@@ -168,6 +176,19 @@ def parse_ranking(text: str, candidates: Sequence[str]) -> list[str]:
     return out
 
 
+def ranking_from_logprobs(response, candidates: Sequence[str]) -> list[str]:
+    """The ranking a log-probability vote's reply gives (letter_vote.py); `VoteError` `malformed`
+    when the reply has no logprobs or none of its likeliest first tokens is a candidate's letter."""
+    alternatives = letter_vote.first_token_alternatives(response)
+    if alternatives is None:
+        raise VoteError("malformed", "the reply carries no token logprobs (does the server return them?)")
+    scores = letter_vote.letter_scores(alternatives, candidates)
+    if not scores:
+        seen = [token for token, _ in alternatives[:5]]
+        raise VoteError("malformed", f"no candidate letter among the first token's alternatives {seen!r}")
+    return letter_vote.ranking_from_scores(scores, candidates)
+
+
 def _ranking_of(value, whole: bool) -> list | None:
     """The ranking a JSON value holds: `{"ranking": [...]}` anywhere, a non-empty list of strings
     only as the whole reply or a whole fence."""
@@ -211,15 +232,22 @@ class LLMVoter:
         return result
 
     def _vote(self, request: VoteRequest) -> VoteResult:
+        by_logprob = self.spec.vote_mode == "logprob"
+        if by_logprob:
+            messages = letter_vote.letter_messages(request.task, request.group_summary, request.cards,
+                                                   request.candidates)
+            asked = dict(max_tokens=1, extra_body={"logprobs": True, "top_logprobs": letter_vote.TOP_LOGPROBS})
+        else:
+            messages, asked = request.messages(), dict(max_tokens=self.spec.max_tokens)
         try:
-            reply = self.client.complete(request.messages(), temperature=self.spec.temperature,
-                                         max_tokens=self.spec.max_tokens)
+            reply = self.client.complete(messages, temperature=self.spec.temperature, **asked)
         except LLMError as e:  # its reasons are voter statuses (FAILURE_REASONS)
             return VoteResult(self.name, e.reason, attempts=e.attempts, detail=e.detail)
         try:
-            ranking = parse_ranking(self.client.redact(reply.text), request.candidates)
+            ranking = (ranking_from_logprobs(reply.response, request.candidates) if by_logprob
+                       else parse_ranking(self.client.redact(reply.text), request.candidates))
         except VoteError as e:
-            return VoteResult(self.name, e.reason, attempts=reply.attempts, detail=str(e))
+            return VoteResult(self.name, e.reason, attempts=reply.attempts, detail=self.client.redact(str(e)))
         return VoteResult(self.name, "ok", ranking, attempts=reply.attempts)
 
 
