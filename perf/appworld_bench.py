@@ -1,8 +1,8 @@
 """AppWorld (offline world) figures: sandbox overheads, episode step times, and the scores of the
 oracle and of each scripted slip under every harness of the shipped pool (the locality matrix).
 
-    python benchmarks/appworld_bench.py                 # everything, on the dev split
-    python benchmarks/appworld_bench.py --only sandbox --repeats 200
+    python perf/appworld_bench.py                 # everything, on the dev split
+    python perf/appworld_bench.py --only sandbox --repeats 200
 
 Sandbox: process start (first cell) and one cell's round trip per isolation mode, a cell making 10
 API calls through the bridge, against `exec` of the same code in-process. docs/appworld.md quotes
