@@ -18,7 +18,7 @@ import time
 
 from harness_envs.dbbench import data, make_backend
 from harness_envs.dbbench.backends import mysql_quote_ident
-from harness_envs.dbbench.mariadb_backend import is_available as mariadb_available
+from harness_envs.dbbench.mariadb_server import is_available as mariadb_available
 
 
 def cpu_name() -> str:
