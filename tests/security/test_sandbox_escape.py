@@ -18,6 +18,7 @@ import tempfile
 import pytest
 
 from harness_envs import sandbox as sb
+from harness_envs import sandbox_command
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SECRET = "sk-hsjax-planted-%08d" % random.randrange(10 ** 8)
@@ -282,7 +283,7 @@ def test_swegym_commands_see_no_gold_patch_outside_their_allow_list(tmp_path_fac
 
 def test_commands_get_no_host_environment_by_default(tmp_path, monkeypatch):
     monkeypatch.setenv("HSJAX_SANDBOX_SECRET", SECRET)
-    result = sb.run_command("env; cat /proc/self/environ", str(tmp_path), isolation_mode="none")
+    result = sandbox_command.run_command("env; cat /proc/self/environ", str(tmp_path), isolation_mode="none")
     assert SECRET not in result.output and "PATH=" in result.output, result.output
 
 
