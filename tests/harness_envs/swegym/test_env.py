@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from harness_envs import sandbox as sb
+from harness_envs import sandbox
 from harness_envs.base import RESULT_KEYS, Episode, check_result
 from harness_envs.registry import make_benchmark
 from harness_envs.swegym import harness as swegym_harness
@@ -78,7 +78,7 @@ def test_an_episode_fixes_the_issue_and_records_it(bench, task):
 
 # Hiding the cache is bubblewrap's (harness_envs/swegym/local_runtime.py: without it commands read
 # the whole machine); CI installs it (.ci/install_bubblewrap.sh).
-@pytest.mark.skipif(sb.isolation() != "bwrap",
+@pytest.mark.skipif(sandbox.isolation() != "bwrap",
                     reason="NOT EXERCISED: bubblewrap (bwrap) is not installed or does not run here")
 def test_agent_commands_cannot_read_the_cache_wherever_it_lives():
     """The cache holds the gold patches and pristine sources; here it lives outside both the checkout
