@@ -23,7 +23,7 @@ Eval (writes W/eval/<name>.json; prints the resolved rate per repository and ove
 
 Demo: a scripted agent that slips in eight ways (12% each), on 8 instances of the offline test split,
 under the base harness and the eight siblings that repair them (72 episodes, 1 min 28 s on a busy
-2-core CPU: base resolved 25.0%, siblings 25.0-37.5%). benchmarks/swegym_bench.py prints the locality
+2-core CPU: base resolved 25.0%, siblings 25.0-37.5%). perf/swegym_bench.py prints the locality
 matrix, each slip at probability 1 (test split, 24 instances, 1,944 episodes, 27 min: each slip 0%
 under the base harness and every other sibling, 100% under its own; the oracle 100% everywhere):
 

@@ -27,7 +27,7 @@ import itertools
 import time
 from typing import Any, Protocol, runtime_checkable
 
-from harness_envs import harness as hz
+from harness_envs import harness
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -150,7 +150,7 @@ class EpisodeBase(abc.ABC):
     close_failure: str  # ... when closing the resource raises
     collect_failure = "ending the episode failed"  # ... when `_collect` raises (the status becomes env_error)
 
-    def __init__(self, task: Task, spec: hz.HarnessSpec, *, sample_index: int = 0):
+    def __init__(self, task: Task, spec: harness.HarnessSpec, *, sample_index: int = 0):
         self.task, self.spec = task, spec.validate()
         self.info: dict[str, Any] = {
             "task_id": task.task_id, "type": task.type, "harness": spec.name, "task": task,
@@ -197,7 +197,7 @@ class EpisodeBase(abc.ABC):
 
     def _context(self) -> list[Message]:
         """The context the model sees: the history under the harness's context management."""
-        return hz.select_context(self._history, self.prefix_len, self.spec.knob("context"),
+        return harness.select_context(self._history, self.prefix_len, self.spec.knob("context"),
                                  self.spec.knob("context_last_n"))
 
     # ------------------------------------------------------------------ Episode protocol

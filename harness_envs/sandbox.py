@@ -23,8 +23,9 @@ Agent code is hostile input. Whatever it does, it runs in a separate process tha
 
 `PythonSandbox` is the REPL (AppWorld-style code cells, state kept between cells) with an optional
 bridge object whose calls the parent answers (`apis.app.api(...)`: the world's state stays in the
-parent, out of the agent code's reach). `run_command` runs one command (a shell line for SWE-style
-benchmarks) under the same walls. docs/appworld.md gives the measured overheads.
+parent, out of the agent code's reach). `sandbox_command.run_command` runs one command (a shell line
+for SWE-style benchmarks) under the same walls, with the `Limits`, child process and kill of this
+module. docs/appworld.md gives the measured overheads.
 """
 from __future__ import annotations
 
@@ -92,21 +93,12 @@ class CellResult:
         return self.error is None
 
 
-@dataclasses.dataclass
-class CommandResult:
-    returncode: int | None
-    output: str
-    dropped: int = 0
-    timed_out: bool = False
-    seconds: float = 0.0
-
-
-def _child_argv(role: str, limits: "Limits", workdir: str, pipes: str, rest: Sequence[str],
+def child_argv(role: str, limits: "Limits", workdir: str, pipes: str, rest: Sequence[str],
                 user: tuple[int, int] | None) -> list[str]:
     return [interpreter()[0], "-I", "-S", "-c", CHILD_SOURCE, role, limits.to_child(user), workdir, pipes, *rest]
 
 
-def _readable(fd: int, timeout_s: float) -> bool:
+def readable(fd: int, timeout_s: float) -> bool:
     """Whether `fd` has data (or end of file) within `timeout_s`; poll, not select, so that
     descriptor numbers past 1024 (many episodes open at once) work."""
     poller = select.poll()
@@ -115,7 +107,7 @@ def _readable(fd: int, timeout_s: float) -> bool:
     return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -182,7 +174,7 @@ class PythonSandbox:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         user = self.user.ids if self.user is not None else None
-        argv = _child_argv("repl", self.limits, self.workdir, f"{to_child_r},{from_child_w}", [self.bridge], user)
+        argv = child_argv("repl", self.limits, self.workdir, f"{to_child_r},{from_child_w}", [self.bridge], user)
         try:
             self._proc = subprocess.Popen(
                 wrap(argv, self.workdir, self.mode, self.hide, drop_to_user=user is not None),
@@ -211,7 +203,7 @@ class PythonSandbox:
                     pass
         self._to_child = self._from_child = None
         if proc is not None:
-            _kill(proc)
+            kill_group(proc)
         if self.user is not None:
             self.user.kill_all()  # what the cells started outside the process group (setsid) dies too
 
@@ -256,7 +248,7 @@ class PythonSandbox:
             left = deadline - time.monotonic()
             if left <= 0 or len(self._buffer) > _MAX_MESSAGE_BYTES:
                 return None
-            if not _readable(self._from_child, left):
+            if not readable(self._from_child, left):
                 continue  # the loop's own clock decides whether the deadline has passed
             chunk = os.read(self._from_child, 1 << 16)
             if not chunk:
@@ -341,73 +333,3 @@ class PythonSandbox:
         text = (f"{error}: the REPL process {state}{'; ' + why if why else ''}; it was restarted, so "
                 "earlier variables are gone")
         return CellResult("", error=error, traceback=text, crashed=True, seconds=time.monotonic() - t0)
-
-
-def run_command(argv: Sequence[str] | str, workdir: str, limits: Limits = Limits(), *, isolation_mode: str = "auto",
-                hide: Sequence[str] = (), env: dict | None = None, binds: Sequence[tuple[str, str]] = (),
-                show: Sequence[str] = (), stdin: str | bytes | None = None,
-                user: tuple[int, int] | None = None) -> CommandResult:
-    """Runs one command (a string runs under `bash -c`) inside the walls, in `workdir`, with stdout
-    and stderr merged and cut at `limits.output_chars`. `stdin` is the command's standard input
-    (none by default), passed through an unnamed temporary file so that a large input can never
-    block against the output pipe; `binds` and `show` as in `wrap`. `env` is the command's whole
-    environment (None: `child_env(workdir)`); the parent's is never passed on by default.
-
-    `user` (uid, gid; a root parent only): the command runs as that uid with that gid and no
-    supplementary groups, no capabilities and no way to gain privileges again (no_new_privs, so no
-    setuid binary either); the child checks that root cannot be regained, else it runs nothing and
-    exits with status 126. Whatever the command must write (`workdir`, the `binds`) must then be
-    that uid's (`SandboxUser.own`), and what it runs reachable by it (`show` under bubblewrap;
-    `closed_ancestor` elsewhere). The caller kills the uid's processes when its episode ends
-    (`SandboxUser.kill_all`): a command in `unshare`/`none` mode has no PID namespace to end them."""
-    if isinstance(argv, str):
-        argv = ["bash", "-c", argv]
-    if user is not None and os.geteuid() != 0:
-        raise ValueError(f"run_command(user={tuple(user)}) needs a parent running as root (euid 0, not "
-                         f"{os.geteuid()}); pass user=None")
-    mode = isolation(isolation_mode)
-    full = wrap(_child_argv("exec", limits, workdir, "-", argv, user), workdir, mode, hide, binds=binds, show=show,
-                drop_to_user=user is not None)
-    env = child_env(workdir) if env is None else env
-    with tempfile.TemporaryFile() as source:
-        if stdin is not None:
-            source.write(stdin.encode() if isinstance(stdin, str) else stdin)
-            source.seek(0)
-        return _collect(full, workdir, limits, env, source if stdin is not None else subprocess.DEVNULL)
-
-
-def _collect(full: list[str], workdir: str, limits: Limits, env: dict | None, stdin) -> CommandResult:
-    """Runs `full`, keeping the head of its output, until it exits or the wall clock runs out (also
-    when it closed its output early and went on running: `exec >&-; sleep 1000`)."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(full, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=workdir, env=env)
-    kept, dropped, timed_out = bytearray(), 0, False
-    deadline = t0 + limits.wall_s
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            if not _readable(proc.stdout.fileno(), left):
-                continue
-            chunk = os.read(proc.stdout.fileno(), 1 << 16)
-            if not chunk:
-                break
-            room = max(0, limits.output_chars - len(kept))
-            kept += chunk[:room]
-            dropped += max(0, len(chunk) - room)
-    finally:
-        if not timed_out:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-        if timed_out:
-            _kill(proc)
-        proc.stdout.close()
-    return CommandResult(None if timed_out else proc.returncode, kept.decode("utf-8", "replace"), dropped=dropped,
-                         timed_out=timed_out, seconds=time.monotonic() - t0)
-
-

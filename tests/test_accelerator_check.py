@@ -1,4 +1,4 @@
-"""`benchmarks/accelerator_check.sh --dry-run`: issue 37's accelerator script runs end to end on the
+"""`perf/accelerator_check.sh --dry-run`: issue 37's accelerator script runs end to end on the
 CPU at tiny shapes (the update, the sampler, the PyTorch peer and the table), so the next session
 with a GPU runs a script that is known to work."""
 import pathlib
@@ -9,7 +9,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_the_accelerator_check_runs_on_the_cpu_in_its_dry_run(tmp_path):
-    proc = subprocess.run(["bash", "benchmarks/accelerator_check.sh", "--dry-run"], cwd=REPO,
+    proc = subprocess.run(["bash", "perf/accelerator_check.sh", "--dry-run"], cwd=REPO,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(tmp_path),
                                "PYTHON": sys.executable},
                           capture_output=True, text=True, timeout=1500)

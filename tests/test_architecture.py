@@ -1,10 +1,11 @@
 """The architecture holds: the import contract of pyproject.toml, no import cycles, no project
-imports hidden in functions, focused modules, and benchmarks reached only through their interface
-(docs/architecture.md)."""
+imports hidden in functions, focused modules, benchmarks reached only through their interface, and
+docs/architecture.md naming every module (docs/architecture.md)."""
 import ast
 import importlib.metadata
 import pathlib
 import pkgutil
+import re
 import subprocess
 import sys
 
@@ -99,9 +100,42 @@ def test_no_project_imports_inside_functions():
     assert found == []
 
 
-def test_modules_of_hsjax_stay_focused():
-    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in (REPO / "hsjax").rglob("*.py")}
+def test_modules_stay_focused():
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in _sources()}
     assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+# A row of docs/architecture.md's module table: | `hsjax/infra` | `checkpoint`, `sharding` (...), ... |,
+# where `sub/` (`a`, `b`) names the modules of a subpackage.
+_TABLE_ROW = re.compile(r"^\|\s*`((?:hsjax|harness_envs|studies)[\w/]*)`\s*\|(.*)\|\s*$", re.M)
+_SUBPACKAGE = re.compile(r"`([\w/]+)/`\s*\(([^()]*)\)")
+
+
+def _unnamed_modules(doc: str, modules: list[str]) -> list[str]:
+    """The modules (`pkg/sub/name.py`, repository-relative) that the doc's module table does not name:
+    `name` in backticks in the row of `pkg/sub`, or in the parentheses after `sub/` in the row of `pkg`."""
+    rows: dict[str, set[str]] = {}
+    for package, cell in _TABLE_ROW.findall(doc):
+        package = package.rstrip("/")
+        for sub, names in _SUBPACKAGE.findall(cell):
+            rows.setdefault(f"{package}/{sub}", set()).update(re.findall(r"`([^`]+)`", names))
+        rows.setdefault(package, set()).update(re.findall(r"`([^`]+)`", _SUBPACKAGE.sub("", cell)))
+    return [m for m in modules if m.removesuffix(".py").rsplit("/", 1)[-1] not in rows.get(m.rsplit("/", 1)[0], ())]
+
+
+def test_the_architecture_doc_names_every_module():
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    modules = [str(p.relative_to(REPO)) for package in ("hsjax", "harness_envs")
+               for p in sorted((REPO / package).rglob("*.py")) if p.name != "__init__.py"]
+    assert len(modules) > 100
+    assert _unnamed_modules(doc, modules) == []
+
+
+def test_the_module_table_check_sees_a_missing_module():
+    doc = "| `hsjax/p` | `a`, `sub/` (the subpackage: `b`) |\n| `hsjax/p/deep` | `c` |\n| `name` | `x` |\n"
+    assert _unnamed_modules(doc, ["hsjax/p/a.py", "hsjax/p/sub/b.py", "hsjax/p/deep/c.py"]) == []
+    missing = ["hsjax/p/x.py", "hsjax/p/sub/a.py", "hsjax/p/other/b.py", "hsjax/q/a.py", "hsjax/p/deep/a.py"]
+    assert _unnamed_modules(doc, missing) == missing
 
 
 def test_the_harness_s_core_and_rl_load_no_benchmark():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Generator
 
-from harness_envs.appworld import harness as awh
+from harness_envs.appworld import harness as appworld_harness
 from harness_envs.appworld.tasks import AppWorldTask
 from harness_envs.plan_agent import Plan, PlanAgent, Slip, SlipDrawingAgent
 
@@ -93,15 +93,16 @@ def slipping_plan(task: AppWorldTask, slips: frozenset[str], fmt) -> Plan:
             yield fmt("print(apis.api_docs.show_app_descriptions())")
     if "wrong_password" in slips:
         cell = _LOGIN + f'token = apis.{app}.login(username=me["email"], password=passwords["{_other_app(app)}"])'
-        if not (yield from _attempts([cell] * ATTEMPTS, awh.CREDENTIALS_REMINDER, fmt)):
+        if not (yield from _attempts([cell] * ATTEMPTS, appworld_harness.CREDENTIALS_REMINDER, fmt)):
             yield from _give_up(fmt)
     if "guess_api" in slips:
         cells = [f"print(apis.{app}.{name}())" for name in ("list_all", f"get_{app}_items", "fetch")]
-        if not (yield from _attempts(cells, awh.APP_LIST_LEAD.format(app=app), fmt)):
+        if not (yield from _attempts(cells, appworld_harness.APP_LIST_LEAD.format(app=app), fmt)):
             yield from _give_up(fmt)
     if "bad_args" in slips:
         cell = _LOGIN + f'token = apis.{app}.login(email=me["email"], pwd=passwords["{app}"])'
-        if not (yield from _attempts([cell] * ATTEMPTS, awh.API_DOC_LEAD.format(app=app, api="login"), fmt)):
+        feedback = appworld_harness.API_DOC_LEAD.format(app=app, api="login")
+        if not (yield from _attempts([cell] * ATTEMPTS, feedback, fmt)):
             yield from _give_up(fmt)
     scratch = "scratch_note" in slips
     if scratch:
@@ -110,11 +111,11 @@ def slipping_plan(task: AppWorldTask, slips: frozenset[str], fmt) -> Plan:
                   f'title="scratch work", content="working on: {task.type}")\nprint(scratch)')
     if "hasty_answer" in slips and task.kind == "question":
         obs = yield fmt(f"apis.supervisor.complete_task(answer={wrong_answer(task)!r})")
-        while awh.VERIFY_PROMPT not in obs:
+        while appworld_harness.VERIFY_PROMPT not in obs:
             obs = yield fmt(f"apis.supervisor.complete_task(answer={wrong_answer(task)!r})")
     obs = yield fmt(task.solution)
     while True:
-        if scratch and awh.REVIEW_LEAD in obs:
+        if scratch and appworld_harness.REVIEW_LEAD in obs:
             scratch = False
             undo = 'apis.notes.delete_note(access_token=scratch_token, note_id=scratch["note_id"])\n'
             obs = yield fmt(undo + CONFIRM)

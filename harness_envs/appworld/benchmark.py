@@ -18,7 +18,7 @@ import pathlib
 from typing import Iterable, Mapping
 
 from harness_envs.appworld import agents, evaluator, real, taxonomy
-from harness_envs.appworld import harness as awh
+from harness_envs.appworld import harness as appworld_harness
 from harness_envs.appworld import tasks as tasks_lib
 from harness_envs.appworld.env import AppWorldEpisode
 from harness_envs.appworld.session import OfflineSession
@@ -123,7 +123,7 @@ class AppWorld(Benchmark):
         return AppWorldEpisode(task, spec, self.open_session, sample_index=sample_index)
 
     def initial_messages(self, task, spec: HarnessSpec) -> list[dict]:
-        return awh.initial_messages(spec, task.supervisor, task.question)
+        return appworld_harness.initial_messages(spec, task.supervisor, task.question)
 
     def summarize(self, results: Iterable[dict]) -> dict:
         return evaluator.summarize(results)

@@ -2,7 +2,7 @@
 `harness_envs.base.EpisodeBase`, which owns the `Episode` life cycle.
 
 The episode opens a session (the task's world: offline or real) on `reset()` and closes it as soon
-as it ends. Each reply is one code cell (`harness.extract_code`); its observation is built by the
+as it ends. Each reply is one code cell (`appworld_harness.extract_code`); its observation is built by the
 harness from what the cell did (`session.Cell`). The episode ends when the code completes the task
 or the cell budget is spent; the session's tests then score it (TGC per task; SGC is counted over
 the tasks of a scenario by `evaluator.summarize`).
@@ -13,8 +13,8 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from harness_envs import harness as hz
-from harness_envs.appworld import harness as awh
+from harness_envs import harness
+from harness_envs.appworld import harness as appworld_harness
 from harness_envs.appworld import taxonomy
 from harness_envs.appworld.session import Cell
 from harness_envs.base import ENV_ERROR, EpisodeBase, TurnRecord
@@ -45,7 +45,7 @@ class AppWorldEpisode(EpisodeBase):
     close_failure = "closing the session failed"
     collect_failure = "scoring failed"
 
-    def __init__(self, task, spec: hz.HarnessSpec, open_session: Callable, *, sample_index: int = 0):
+    def __init__(self, task, spec: harness.HarnessSpec, open_session: Callable, *, sample_index: int = 0):
         self.open_session = open_session
         super().__init__(task, spec, sample_index=sample_index)
 
@@ -70,19 +70,19 @@ class AppWorldEpisode(EpisodeBase):
             self._session.hold_completion()
 
     def initial_messages(self) -> list[dict]:
-        return awh.initial_messages(self.spec, self.task.supervisor, self.task.question)
+        return appworld_harness.initial_messages(self.spec, self.task.supervisor, self.task.question)
 
     # ------------------------------------------------------------------ one reply
 
     def _step(self, text: str) -> None:
         spec = self.spec
-        code = awh.extract_code(text, spec)
+        code = appworld_harness.extract_code(text, spec)
         if not code:
             if self._retries_format():
-                self._turns.append(CellRecord("format_retry", observation=awh.FORMAT_FEEDBACK))
-                self._tell(awh.FORMAT_FEEDBACK)
+                self._turns.append(CellRecord("format_retry", observation=appworld_harness.FORMAT_FEEDBACK))
+                self._tell(appworld_harness.FORMAT_FEEDBACK)
                 return
-            cell = Cell("", error="NoCode", traceback=awh.NO_CODE)
+            cell = Cell("", error="NoCode", traceback=appworld_harness.NO_CODE)
         else:
             cell = self._session.run(code)
         self._rounds += 1
@@ -102,15 +102,15 @@ class AppWorldEpisode(EpisodeBase):
     def _observe(self, cell: Cell) -> tuple[str, bool]:
         spec = self.spec
         if cell.error == "NoCode":
-            body = awh.NO_CODE
+            body = appworld_harness.NO_CODE
         elif cell.error is not None:
             body = (cell.output.rstrip() + "\n" if cell.output.strip() else "") + \
-                awh.error_observation(cell.traceback, spec)
+                appworld_harness.error_observation(cell.traceback, spec)
         else:
-            body = cell.output.rstrip() or awh.SUCCESS_OUTPUT
+            body = cell.output.rstrip() or appworld_harness.SUCCESS_OUTPUT
         if cell.dropped:
             body += f"\n[{cell.dropped} more characters of output were cut]"
-        body, truncated = hz.truncate(body, spec.knob("obs_max_chars"))
+        body, truncated = harness.truncate(body, spec.knob("obs_max_chars"))
         notes, seen = [], set()
         for e in cell.api_errors:
             key = (e["kind"], e["app"], e["api"])
@@ -119,19 +119,20 @@ class AppWorldEpisode(EpisodeBase):
             seen.add(key)
             if e["kind"] == "unknown_api" and spec.knob("api_list_on_unknown"):
                 signatures = self._session.app_signatures(e["app"])
-                notes.append(awh.app_list_note(e["app"], signatures) if signatures else
+                notes.append(appworld_harness.app_list_note(e["app"], signatures) if signatures else
                              "There is no such app; see apis.api_docs.show_app_descriptions().")
             elif e["kind"] == "wrong_arguments" and spec.knob("api_doc_on_bad_args"):
                 doc = self._session.api_doc(e["app"], e["api"])
                 if doc:
-                    notes.append(awh.api_doc_note(e["app"], e["api"], doc))
-            elif e["kind"] == "auth" and spec.knob("credentials_reminder") and awh.CREDENTIALS_REMINDER not in notes:
-                notes.append(awh.CREDENTIALS_REMINDER)
+                    notes.append(appworld_harness.api_doc_note(e["app"], e["api"], doc))
+            elif (e["kind"] == "auth" and spec.knob("credentials_reminder")
+                  and appworld_harness.CREDENTIALS_REMINDER not in notes):
+                notes.append(appworld_harness.CREDENTIALS_REMINDER)
         if cell.held:
             if spec.knob("review_changes"):
-                notes.append(awh.review_prompt(self._session.changes()))
+                notes.append(appworld_harness.review_prompt(self._session.changes()))
             if spec.knob("verify_before_answer"):
-                notes.append(awh.VERIFY_PROMPT)
+                notes.append(appworld_harness.VERIFY_PROMPT)
         return "\n\n".join([body, *notes]), truncated
 
     # ------------------------------------------------------------------ ending

@@ -20,7 +20,7 @@ import re
 from typing import Iterable
 
 from harness_envs.dbbench import evaluator
-from harness_envs.dbbench import harness as dbh
+from harness_envs.dbbench import harness as dbbench_harness
 from harness_envs.dbbench.data import DBTask, is_modification
 from harness_envs.plan_agent import Plan, PlanAgent, Slip, SlipDrawingAgent
 
@@ -138,7 +138,7 @@ def noisy_plan(task: DBTask, slips: frozenset[str], fmt: Formatter) -> Plan:
     if "skip_schema" in slips:
         attempt = 0
         obs = ""
-        while dbh.SCHEMA_REMINDER_LEAD not in obs:
+        while dbbench_harness.SCHEMA_REMINDER_LEAD not in obs:
             if attempt and attempt % SCHEMA_GUESSES == 0:
                 obs = yield fmt.answer(wrong)  # gives up; goes on guessing if the episode continues
                 continue
@@ -152,7 +152,7 @@ def noisy_plan(task: DBTask, slips: frozenset[str], fmt: Formatter) -> Plan:
         sql = big_dump_sql(task)
         obs = yield fmt.operation(sql)
         while END_MARKER not in obs:
-            if dbh.PAGE_MORE in obs:
+            if dbbench_harness.PAGE_MORE in obs:
                 obs = yield fmt.operation(sql)
             else:
                 obs = yield fmt.answer(wrong)

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 
 from harness_envs.benchmark import Benchmark
 from harness_envs.dbbench import agents, data, evaluator, taxonomy
-from harness_envs.dbbench import harness as dbh
+from harness_envs.dbbench import harness as dbbench_harness
 from harness_envs.dbbench.answers import NORMALIZATIONS
 from harness_envs.dbbench.backend_kinds import make_backend
 from harness_envs.dbbench.env import DBBenchEpisode
@@ -98,7 +98,7 @@ class DBBench(Benchmark):
         return DBBenchEpisode(task, spec, self.backend, sample_index=sample_index, rule=self.rule)
 
     def initial_messages(self, task, spec: HarnessSpec) -> list[dict]:
-        return dbh.initial_messages(spec, task.question, task.add_description)
+        return dbbench_harness.initial_messages(spec, task.question, task.add_description)
 
     def summarize(self, results: Iterable[dict]) -> dict:
         return evaluator.summarize(results)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness_envs import harness as hz
+from harness_envs import harness
 from harness_envs.base import ENV_ERROR, EpisodeBase, describe
 from harness_envs.dbbench import answers, evaluator, taxonomy
-from harness_envs.dbbench import harness as dbh
+from harness_envs.dbbench import harness as dbbench_harness
 from harness_envs.dbbench.data import DBTask, is_modification
 from harness_envs.dbbench.taxonomy import ActionRecord
 
@@ -30,7 +30,7 @@ class DBBenchEpisode(EpisodeBase):
     open_failure = "opening the episode database failed"
     close_failure = "closing the episode database failed"
 
-    def __init__(self, task: DBTask, spec: hz.HarnessSpec, backend, *, sample_index: int = 0,
+    def __init__(self, task: DBTask, spec: harness.HarnessSpec, backend, *, sample_index: int = 0,
                  rule: str = "v0.2"):
         self.backend = backend
         self.rule = rule
@@ -62,16 +62,16 @@ class DBBenchEpisode(EpisodeBase):
             self._initial_hash = self._db.table_hash()
 
     def initial_messages(self) -> list[dict]:
-        return dbh.initial_messages(self.spec, self.task.question, self.task.add_description)
+        return dbbench_harness.initial_messages(self.spec, self.task.question, self.task.add_description)
 
     # ------------------------------------------------------------------ one reply
 
     def _step(self, text: str) -> None:
         spec = self.spec
-        action = dbh.parse_action(text, spec)
+        action = dbbench_harness.parse_action(text, spec)
         if self._rounds >= spec.knob("max_rounds"):
             # The budget is spent: as published, only a final answer somewhere in this reply counts.
-            answer = action.answer if action.kind == "answer" else dbh.find_answer(text, spec)
+            answer = action.answer if action.kind == "answer" else dbbench_harness.find_answer(text, spec)
             self._turns.append(ActionRecord(kind=action.kind, reply=text, sql=action.sql, error=action.error))
             if answer:
                 self._answer = answer
@@ -85,15 +85,15 @@ class DBBenchEpisode(EpisodeBase):
             if self._needs_verification(action.answer):
                 self._verified = True
                 self._turns.append(ActionRecord(kind="answer", reply=text, feedback="verify",
-                                                observation=dbh.VERIFY_PROMPT))
-                self._tell(dbh.VERIFY_PROMPT)
+                                                observation=dbbench_harness.VERIFY_PROMPT))
+                self._tell(dbbench_harness.VERIFY_PROMPT)
             else:
                 self._turns.append(ActionRecord(kind="answer", reply=text))
                 self._answer = action.answer
                 self._finish("answered")
         else:
             if self._retries_format():
-                feedback = dbh.FORMAT_FEEDBACK.format(error=action.error)
+                feedback = dbbench_harness.FORMAT_FEEDBACK.format(error=action.error)
                 self._turns.append(ActionRecord(kind="malformed", reply=text, error=action.error,
                                                 feedback="format_retry", observation=feedback))
                 self._tell(feedback)
@@ -121,16 +121,16 @@ class DBBenchEpisode(EpisodeBase):
         rows = list(res.rows) if res.ok and res.rows is not None else None
         if page_rows and rows and (len(rows) > page_rows or len(res.text) > max_chars):
             offset = self._page_next if (sql == self._page_sql and self._page_next is not None) else 0
-            page, nxt = hz.paginate(rows, offset, page_rows, max(1, max_chars - _PAGE_NOTE_RESERVE))
-            body, truncated = hz.truncate(str(page), max_chars)
-            obs = body + "\n" + dbh.page_note(offset + 1, offset + len(page), len(rows), nxt is not None)
+            page, nxt = harness.paginate(rows, offset, page_rows, max(1, max_chars - _PAGE_NOTE_RESERVE))
+            body, truncated = harness.truncate(str(page), max_chars)
+            obs = body + "\n" + dbbench_harness.page_note(offset + 1, offset + len(page), len(rows), nxt is not None)
             self._page_sql, self._page_next = (sql, nxt) if nxt is not None else (None, None)
         else:
-            obs, truncated = hz.truncate(res.text if isinstance(res.text, str) else str(res.text), max_chars)
+            obs, truncated = harness.truncate(res.text if isinstance(res.text, str) else str(res.text), max_chars)
             self._page_sql = self._page_next = None
         truncated = truncated or bool(getattr(res, "truncated", False))  # the backend's row/byte caps
         if not res.ok and spec.knob("schema_reminder_on_error"):
-            obs += "\n" + dbh.schema_reminder(self.task.table.name, self.task.table.columns)
+            obs += "\n" + dbbench_harness.schema_reminder(self.task.table.name, self.task.table.columns)
         self._turns.append(ActionRecord(kind="sql", reply=text, sql=sql, ok=bool(res.ok), error=res.error,
                                         observation=obs, obs_chars=len(obs), truncated=truncated))
         self._tell(obs)

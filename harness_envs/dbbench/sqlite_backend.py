@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 
-from harness_envs.dbbench import mysql_compat
+from harness_envs.dbbench import mysql_functions, mysql_translate
 from harness_envs.dbbench.backends import (
     Backend,
     EpisodeDB,
@@ -97,9 +97,9 @@ class SQLiteEpisodeDB(EpisodeDB):
         max_pages = max(1, limits.max_db_bytes // conn.execute("PRAGMA page_size").fetchone()[0])
         for schema in ("main", "temp"):  # set before the authorizer, which denies the agent PRAGMA writes
             conn.execute(f"PRAGMA {schema}.max_page_count = {max_pages}")
-        mysql_compat.install(conn, self.database)
+        mysql_functions.install(conn, self.database)
         table = task.table
-        columns = ", ".join(f"{_quote(c)} TEXT COLLATE {mysql_compat.COLLATION}" for c in table.columns)
+        columns = ", ".join(f"{_quote(c)} TEXT COLLATE {mysql_functions.COLLATION}" for c in table.columns)
         try:
             conn.execute(f"CREATE TABLE {_quote(table.name)} ({columns})")
             if table.rows:
@@ -124,12 +124,12 @@ class SQLiteEpisodeDB(EpisodeDB):
         if isinstance(sql, ExecResult):
             return sql
         try:
-            statement = mysql_compat.translate(sql)
-        except mysql_compat.SQLSyntaxError as e:
+            statement = mysql_translate.translate(sql)
+        except mysql_translate.SQLSyntaxError as e:
             return error_result(str(e))
         with self._lock:
             conn = self._connection()
-            if isinstance(statement, mysql_compat.Shim):
+            if isinstance(statement, mysql_translate.Shim):
                 return self._shim(conn, statement)
             self._deadline = time.monotonic() + self.limits.time_budget_s
             try:
@@ -157,8 +157,8 @@ class SQLiteEpisodeDB(EpisodeDB):
             return None
         return [r[1] for r in conn.execute(f"PRAGMA table_info({_quote(tables[name.lower()])})")]
 
-    def _shim(self, conn, shim: mysql_compat.Shim) -> ExecResult:
-        like = (lambda s: mysql_compat.mysql_like(shim.like, s)) if shim.like else (lambda s: True)
+    def _shim(self, conn, shim: mysql_translate.Shim) -> ExecResult:
+        like = (lambda s: mysql_functions.mysql_like(shim.like, s)) if shim.like else (lambda s: True)
         if shim.kind == "show_tables":
             return ok_result([(t,) for t in self._table_names(conn) if like(t)])
         if shim.kind == "show_databases":
@@ -191,7 +191,7 @@ class SQLiteEpisodeDB(EpisodeDB):
                 return mysql_error_text(e, self.database)
             finally:
                 conn.set_authorizer(_authorize)
-        return hash_rows([[mysql_compat.to_text(c) for c in row] for row in rows])
+        return hash_rows([[mysql_functions.to_text(c) for c in row] for row in rows])
 
     def close(self) -> None:
         with self._lock:

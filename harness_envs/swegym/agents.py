@@ -20,7 +20,7 @@ import shlex
 from typing import Callable, Generator
 
 from harness_envs.plan_agent import Plan, PlanAgent, Slip, SlipDrawingAgent
-from harness_envs.swegym import harness as swh
+from harness_envs.swegym import harness as swegym_harness
 from harness_envs.swegym.instances import Instance
 from harness_envs.swegym.runtime import pytest_command
 
@@ -231,7 +231,7 @@ Fmt = Callable[..., str]
 
 
 def text_call(name: str, **params) -> str:
-    return swh.format_call(name, **params)
+    return swegym_harness.format_call(name, **params)
 
 
 def json_call(name: str, **params) -> str:
@@ -323,12 +323,12 @@ def slipping_plan(instance: Instance, root: str, slips: frozenset[str], fmt: Fmt
     if "blind_fix" in slips:
         yield editor(fmt, "view", where[0] if where else root)
         obs = yield from _guess(instance, root, fmt)
-        if obs is None or swh.REPRODUCE_REFUSAL not in obs:
+        if obs is None or swegym_harness.REPRODUCE_REFUSAL not in obs:
             yield from finish_forever(fmt)
     obs = yield fmt("execute_bash", command=reproduce_command(instance, root))
     if "unchecked_fix" in slips:
         obs = yield from _guess(instance, root, fmt)
-        if obs is None or swh.RETEST_LEAD not in obs or exit_code(obs) == 0:
+        if obs is None or swegym_harness.RETEST_LEAD not in obs or exit_code(obs) == 0:
             yield from finish_forever(fmt)
         yield editor(fmt, "undo_edit", where[0])
     if "narrow_view" in slips:
@@ -344,7 +344,7 @@ def slipping_plan(instance: Instance, root: str, slips: frozenset[str], fmt: Fmt
             wrong = "\n".join("  " + x if x.strip() else x for x in edit.old.split("\n"))
             for _ in range(ATTEMPTS):
                 obs = yield editor(fmt, "str_replace", edit.path, old_str=wrong, new_str=edit.new)
-                if swh.HINT_LEAD in obs:
+                if swegym_harness.HINT_LEAD in obs:
                     break
             else:
                 yield from finish_forever(fmt)
@@ -352,7 +352,7 @@ def slipping_plan(instance: Instance, root: str, slips: frozenset[str], fmt: Fmt
             not (e.command == "str_replace" and e.path.endswith(".py")) for e in gold[:i])
         if "syntax" in slips and first_py:
             obs = yield from _apply_edit(_break_syntax(edit), fmt)
-            if swh.LINT_LEAD in obs:
+            if swegym_harness.LINT_LEAD in obs:
                 if "edit refused" not in obs:
                     yield editor(fmt, "undo_edit", edit.path)
                 yield from _apply_edit(edit, fmt)

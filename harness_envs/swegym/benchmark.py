@@ -25,7 +25,7 @@ from typing import Iterable, Mapping, Sequence
 from harness_envs.benchmark import Benchmark
 from harness_envs.harness import GENERIC_KNOBS, Direction, HarnessSpec, Knob, KnobSchema
 from harness_envs.swegym import agents, evaluator, scoring, taxonomy
-from harness_envs.swegym import harness as swh
+from harness_envs.swegym import harness as swegym_harness
 from harness_envs.swegym.container_runtime import ContainerRuntime
 from harness_envs.swegym.env import SWEGymEpisode
 from harness_envs.swegym.instances import Instance, load_jsonl
@@ -43,7 +43,7 @@ SETUP = "scripts/setup_swegym.sh"
 
 KNOBS = KnobSchema("swegym", {
     "instruction": Knob(str, "codeact", "instruction variant: the CodeAct function descriptions and SWE-Gym's task "
-                                        "message, or a short one", choices=swh.INSTRUCTIONS),
+                                        "message, or a short one", choices=swegym_harness.INSTRUCTIONS),
     "on_malformed": Knob(str, "retry", "on a reply without a well-formed call: send format feedback (as OpenHands "
                                        "does), or end the episode", choices=("fail", "retry")),
     "max_format_retries": Knob(int, 3, "format feedback messages per episode before a malformed reply ends it",
@@ -241,7 +241,7 @@ class SWEGym(Benchmark):
         return "/testbed" if self.backend.runtime == "container" else f"/workspace/{task.type}"
 
     def initial_messages(self, task: Instance, spec: HarnessSpec) -> list[dict]:
-        return swh.initial_messages(spec, self.agent_root(task), task.problem_statement)
+        return swegym_harness.initial_messages(spec, self.agent_root(task), task.problem_statement)
 
     # ------------------------------------------------------------------ scoring and agents
 

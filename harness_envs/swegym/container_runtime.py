@@ -32,7 +32,8 @@ import shutil
 import subprocess
 import tempfile
 
-from harness_envs.sandbox import CommandResult, Limits, run_command
+from harness_envs.sandbox import Limits
+from harness_envs.sandbox_command import CommandResult, run_command
 from harness_envs.swegym.instances import Instance
 from harness_envs.swegym.runtime import Runtime, Workspace, WorkspaceError, commit_id, diff_command
 

@@ -3,7 +3,7 @@
 
 `reset()` opens a workspace of the instance (the repository at `base_commit`) through the runtime
 and records its path as `info["root"]` (the opening context names it; scripted agents read it);
-each reply is one function call (`harness.parse_call`) run by the tools (`tools.py`) in that
+each reply is one function call (`swegym_harness.parse_call`) run by the tools (`tools.py`) in that
 workspace. When the episode ends (`finish`, the iteration limit, the malformed-call budget, an
 abort), the agent's patch is taken with `workspace.diff()`, the workspace is closed, and the patch
 is scored in a fresh workspace by the scorer (`scoring.evaluate`, as SWE-bench does): reward 1 iff
@@ -22,9 +22,9 @@ import re
 import time
 from typing import Any, Callable
 
-from harness_envs import harness as hz
+from harness_envs import harness
 from harness_envs.base import ENV_ERROR, EpisodeBase, TurnRecord, describe
-from harness_envs.swegym import harness as swh
+from harness_envs.swegym import harness as swegym_harness
 from harness_envs.swegym import taxonomy, tools
 from harness_envs.swegym.instances import Instance
 
@@ -60,7 +60,7 @@ class SWEGymEpisode(EpisodeBase):
     close_failure = "closing the workspace failed"
     collect_failure = "taking the patch failed"
 
-    def __init__(self, instance: Instance, spec: hz.HarnessSpec, open_workspace: Callable,
+    def __init__(self, instance: Instance, spec: harness.HarnessSpec, open_workspace: Callable,
                  score: Callable, *, sample_index: int = 0):
         self.open_workspace, self.score = open_workspace, score
         super().__init__(instance, spec, sample_index=sample_index)
@@ -96,7 +96,7 @@ class SWEGymEpisode(EpisodeBase):
     def initial_messages(self) -> list[dict]:
         """The opening context names the workspace's root (`/repo` when it failed to open)."""
         root = self._workspace.root if self._workspace is not None else "/repo"
-        return swh.initial_messages(self.spec, root, self.task.problem_statement)
+        return swegym_harness.initial_messages(self.spec, root, self.task.problem_statement)
 
     def _context(self) -> list[dict]:
         mode, last_n = self.spec.knob("context"), self.spec.knob("context_last_n")
@@ -118,10 +118,10 @@ class SWEGymEpisode(EpisodeBase):
     def _act(self, text: str) -> None:
         spec = self.spec
         try:
-            call = swh.parse_call(text, spec)
-        except swh.CallError as e:
+            call = swegym_harness.parse_call(text, spec)
+        except swegym_harness.CallError as e:
             if self._retries_format():
-                feedback = swh.FORMAT_FEEDBACK.format(why=str(e))
+                feedback = swegym_harness.FORMAT_FEEDBACK.format(why=str(e))
                 self._observe(StepRecord("format_retry", error=e.kind, summary="[format feedback]"), feedback)
                 return
             self._turns.append(StepRecord("malformed", error=e.kind, observation=str(e)))
@@ -138,12 +138,12 @@ class SWEGymEpisode(EpisodeBase):
         record.repaired, record.seconds = call.repaired, time.perf_counter() - t0
         self._observe(record, body)
 
-    def _run_bash(self, call: swh.Call) -> tuple[StepRecord, str]:
+    def _run_bash(self, call: swegym_harness.Call) -> tuple[StepRecord, str]:
         command = call.params["command"]
         cwd = self._bash.cwd
         res = self._bash.run(command, call.params.get("timeout"))
-        body, truncated = hz.truncate(res.body, self.spec.knob("obs_max_chars"))
-        if res.ok and swh.runs_python(command):
+        body, truncated = harness.truncate(res.body, self.spec.knob("obs_max_chars"))
+        if res.ok and swegym_harness.runs_python(command):
             self._python_ran = True
             failed = res.returncode != 0
             if failed or not self._reproduction_failed:
@@ -153,28 +153,28 @@ class SWEGymEpisode(EpisodeBase):
                    f"{'timed out' if res.timed_out else f'exit code {res.returncode}'}]")
         record = StepRecord("execute_bash", command=command, error=res.error, summary=summary, truncated=truncated,
                             returncode=res.returncode)
-        return record, swh.observation("execute_bash", body)
+        return record, swegym_harness.observation("execute_bash", body)
 
-    def _run_editor(self, call: swh.Call) -> tuple[StepRecord, str]:
+    def _run_editor(self, call: swegym_harness.Call) -> tuple[StepRecord, str]:
         params, spec = call.params, self.spec
         command, path = params["command"], params["path"]
         record = StepRecord("str_replace_editor", tool=command, path=path)
         modifies = command in ("str_replace", "insert")
         if modifies and spec.knob("reproduce_first") and not self._python_ran:
             record.error, record.summary = "refused", f"[earlier {command} of {path}: refused]"
-            return record, swh.observation("str_replace_editor", swh.REPRODUCE_REFUSAL)
+            return record, swegym_harness.observation("str_replace_editor", swegym_harness.REPRODUCE_REFUSAL)
         res = self._editor.call(params)
         record.error = res.error
         if modifies and res.edited and self._blind is None:
             self._blind = not self._python_ran
-        body, record.truncated = hz.truncate(res.body, spec.knob("obs_max_chars"))
+        body, record.truncated = harness.truncate(res.body, spec.knob("obs_max_chars"))
         notes = []
         if res.edited and spec.knob("test_after_edit") and self._reproduction:
             notes.append(self._rerun_reproduction())
         outcome = "failed" if res.error else "done"
         record.summary = (f"[earlier view of {path} condensed]" if command == "view" else
                           f"[earlier {command} of {path}: {outcome}]")
-        return record, swh.observation("str_replace_editor", "\n\n".join([body, *notes]))
+        return record, swegym_harness.observation("str_replace_editor", "\n\n".join([body, *notes]))
 
     def _rerun_reproduction(self) -> str:
         command, cwd = self._reproduction
@@ -184,13 +184,14 @@ class SWEGymEpisode(EpisodeBase):
         finally:
             self._bash.cwd = previous
         tail = "\n".join(res.body.split("\n")[-RETEST_TAIL_LINES:])
-        return f"{swh.RETEST_LEAD} (`{_clip(command, 120)}`):\n{tail}"
+        return f"{swegym_harness.RETEST_LEAD} (`{_clip(command, 120)}`):\n{tail}"
 
-    def _finish_call(self, call: swh.Call) -> None:
+    def _finish_call(self, call: swegym_harness.Call) -> None:
         if self.spec.knob("verify_before_answer") and not self._verified:
             self._verified = True
             if not self._workspace.diff().strip():
-                self._observe(StepRecord("finish", error="verify", summary="[finish held back]"), swh.VERIFY_PROMPT)
+                held = StepRecord("finish", error="verify", summary="[finish held back]")
+                self._observe(held, swegym_harness.VERIFY_PROMPT)
                 return
         self._finish_message = call.params.get("message", "")
         self._turns.append(StepRecord("finish"))
@@ -199,7 +200,7 @@ class SWEGymEpisode(EpisodeBase):
     def _observe(self, record: StepRecord, text: str) -> None:
         record.observation = text
         self._turns.append(record)
-        self._summaries[len(self._history)] = record.summary or swh.observation(record.kind, "[condensed]")
+        self._summaries[len(self._history)] = record.summary or swegym_harness.observation(record.kind, "[condensed]")
         self._tell(text)
 
     # ------------------------------------------------------------------ ending

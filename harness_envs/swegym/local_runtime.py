@@ -1,5 +1,5 @@
 """The docker-free runtime: an instance's repository as a private git work tree in a temp directory,
-its commands under `harness_envs.sandbox.run_command` with the repository's virtual environment.
+its commands under `harness_envs.sandbox_command.run_command` with the repository's virtual environment.
 
 Workspace creation (docs/swegym.md gives the measured time): `git init`, then `git fetch --depth 1`
 of the base commit alone from the cached repository (`<repos_dir>/<owner>__<name>.git`, or a work
@@ -55,8 +55,8 @@ import stat
 import subprocess
 import tempfile
 
-from harness_envs.sandbox import (SANDBOX_UIDS, SYSTEM_PATH, CommandResult, Limits, SandboxUser, child_env,
-                                  closed_ancestor, isolation, run_command)
+from harness_envs.sandbox import SANDBOX_UIDS, SYSTEM_PATH, Limits, SandboxUser, child_env, closed_ancestor, isolation
+from harness_envs.sandbox_command import CommandResult, run_command
 from harness_envs.sandbox_mounts import disk_usage, venv_mounts
 from harness_envs.swegym.instances import Instance
 from harness_envs.swegym.runtime import Runtime, Workspace, WorkspaceError, commit_id, diff_command

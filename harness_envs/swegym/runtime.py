@@ -2,7 +2,7 @@
 
 One interface, two implementations (docs/swegym.md):
 - `LocalRuntime` (docker-free): a git work tree of the instance's repository at `base_commit` in a
-  temp directory; commands run through `harness_envs.sandbox.run_command` (bubblewrap when present:
+  temp directory; commands run through `harness_envs.sandbox_command.run_command` (bubblewrap when present:
   no network, writes only inside the work tree and a private /tmp; rlimits on CPU, memory, file
   size, processes; a wall-clock limit per command; bounded output), with the repository's virtual
   environment (built once, reused read-only) first on PATH.
@@ -18,7 +18,7 @@ import abc
 import re
 import shlex
 
-from harness_envs.sandbox import CommandResult
+from harness_envs.sandbox_command import CommandResult
 from harness_envs.swegym.instances import Instance
 
 __all__ = ["CommandResult", "Runtime", "Workspace", "WorkspaceError", "commit_id", "diff_command",

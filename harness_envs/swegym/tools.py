@@ -16,7 +16,7 @@ import re
 import shlex
 import warnings
 
-from harness_envs.swegym import harness as swh
+from harness_envs.swegym import harness as swegym_harness
 from harness_envs.swegym.runtime import Workspace, WorkspaceError
 
 SNIPPET_LINES = 4  # lines shown around an edit
@@ -97,7 +97,7 @@ class Bash:
         body = output.rstrip("\n")
         if res.dropped:
             body += f"\n[{res.dropped} more characters of output were not kept]"
-        body = (body + "\n" if body else "") + swh.exit_line(res.returncode, res.timed_out, timeout)
+        body = (body + "\n" if body else "") + swegym_harness.exit_line(res.returncode, res.timed_out, timeout)
         return ToolResult(body, returncode=res.returncode, timed_out=res.timed_out, dropped=res.dropped,
                           seconds=res.seconds)
 
@@ -122,9 +122,9 @@ class Editor:
 
     def call(self, params: dict) -> ToolResult:
         command, path = params["command"], params["path"]
-        if command not in swh.EDITOR_COMMANDS:
+        if command not in swegym_harness.EDITOR_COMMANDS:
             return ToolResult(f"ERROR: unknown command {command!r}; the editor's commands are "
-                              f"{', '.join(swh.EDITOR_COMMANDS)}.", error="bad_command")
+                              f"{', '.join(swegym_harness.EDITOR_COMMANDS)}.", error="bad_command")
         problem = self._check_path(path)
         if problem is not None:
             return problem
@@ -313,7 +313,7 @@ class Editor:
         squash = [" ".join(w.split()) for w in want]
         for i in range(0, max(1, len(lines) - span + 1)):
             if [" ".join(x.split()) for x in lines[i:i + span]] == squash:
-                return (f"\n{swh.HINT_LEAD}: lines {i + 1}-{i + span} hold the same text with different "
+                return (f"\n{swegym_harness.HINT_LEAD}: lines {i + 1}-{i + span} hold the same text with different "
                         f"whitespace:\n{numbered(lines[i:i + span], i + 1)}\nCopy old_str from these lines "
                         "exactly, indentation included (the numbers and the tab after them are not part of the file).")
         target = "\n".join(w.strip() for w in want)
@@ -327,8 +327,8 @@ class Editor:
             if ratio > best:
                 best, best_i = ratio, i
         if best < 0.5:
-            return f"\n{swh.HINT_LEAD}: none is close to old_str; view the file to find the text you mean."
-        return (f"\n{swh.HINT_LEAD} to old_str ({best:.0%} alike), lines {best_i + 1}-{best_i + span}:\n"
+            return f"\n{swegym_harness.HINT_LEAD}: none is close to old_str; view the file to find the text you mean."
+        return (f"\n{swegym_harness.HINT_LEAD} to old_str ({best:.0%} alike), lines {best_i + 1}-{best_i + span}:\n"
                 f"{numbered(lines[best_i:best_i + span], best_i + 1)}\nCopy old_str from the file exactly, "
                 "indentation included (the numbers and the tab after them are not part of the file).")
 
@@ -341,12 +341,12 @@ class Editor:
         for s in starts[:HINT_MATCHES]:
             a, b = max(1, s - 1), min(len(lines), s + span)
             shown.append(numbered(lines[a - 1:b], a))
-        return (f"\n{swh.HINT_LEAD}: each place where old_str occurs, with a line before and after:\n"
+        return (f"\n{swegym_harness.HINT_LEAD}: each place where old_str occurs, with a line before and after:\n"
                 + "\n---\n".join(shown) + "\nAdd one of those surrounding lines to old_str so it matches once.")
 
 
 def _lint_line(error: str) -> str:
-    return f"{swh.LINT_LEAD}: {error}."
+    return f"{swegym_harness.LINT_LEAD}: {error}."
 
 
 def _occurrence_lines(text: str, needle: str) -> list[int]:

@@ -43,7 +43,7 @@ VOCAB_ALIGN = 128
 HEAD_BLOCKINGS = ("positions", "vocab")
 # How the head blocks when its logits pass the budget: the fused head over vocabulary blocks on
 # every backend. On the 2-core CPU it took 0.75-0.82x the time of position blocks at the testbed's
-# head and 0.25-0.47x at a 0.5B model's (benchmarks/head_bench.py); on an accelerator position
+# head and 0.25-0.47x at a 0.5B model's (perf/head_bench.py); on an accelerator position
 # blocks make the matmuls narrow, while vocabulary blocks keep all B x T rows (docs/performance.md,
 # "Memory plan per device"). `positions` stays for tests and benchmarks.
 HEAD_BLOCKING = "vocab"

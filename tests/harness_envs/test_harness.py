@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from harness_envs import harness as hz
+from harness_envs import harness
 from harness_envs.dbbench.benchmark import KNOBS
 
 POOL = pathlib.Path(__file__).resolve().parents[2] / "harness_envs" / "pools" / "dbbench_siblings.json"
@@ -22,32 +22,32 @@ def test_defaults_are_the_published_protocol():
 
 
 def test_schema_is_the_generic_knobs_plus_the_benchmark_s_own():
-    assert set(hz.GENERIC_KNOBS) <= set(KNOBS)
+    assert set(harness.GENERIC_KNOBS) <= set(KNOBS)
     assert set(KNOBS.own) == {"obs_page_rows", "schema_reminder_on_error", "answer_normalization"}
     assert KNOBS["instruction"].choices == ("agentbench", "schema_first", "concise")  # redefined values
     with pytest.raises(TypeError, match="not its type"):
-        hz.KnobSchema("x", {"max_rounds": hz.Knob(str, "15", "a str now")})
+        harness.KnobSchema("x", {"max_rounds": harness.Knob(str, "15", "a str now")})
     with pytest.raises(ValueError, match="enabled by 'nope'"):
-        hz.KnobSchema("x", {"y": hz.Knob(int, 0, "y", enabled_by=("nope", (1,)))})
-    generic_only = hz.KnobSchema("generic")
+        harness.KnobSchema("x", {"y": harness.Knob(int, 0, "y", enabled_by=("nope", (1,)))})
+    generic_only = harness.KnobSchema("generic")
     with pytest.raises(ValueError, match="unknown knob"):
         generic_only.base(obs_page_rows=3)
 
 
 def test_json_round_trip_is_exact():
-    spec = hz.HarnessSpec("s1", parent="base", direction="turn_budget",
+    spec = harness.HarnessSpec("s1", parent="base", direction="turn_budget",
                           knobs={"max_rounds": 30, "hint": "look first", "verify_before_answer": True},
                           doc="a sibling", schema=KNOBS)
     blob = json.dumps(spec.to_json())
-    back = hz.HarnessSpec.from_json(blob, KNOBS)
+    back = harness.HarnessSpec.from_json(blob, KNOBS)
     assert back == spec
     assert back.to_json() == spec.to_json()
-    assert hz.HarnessSpec.from_json(json.loads(blob), KNOBS) == spec
+    assert harness.HarnessSpec.from_json(json.loads(blob), KNOBS) == spec
 
 
 def test_a_spec_without_schema_cannot_be_validated():
     with pytest.raises(ValueError, match="no knob schema"):
-        hz.HarnessSpec("orphan").validate()
+        harness.HarnessSpec("orphan").validate()
 
 
 @pytest.mark.parametrize("knobs, message", [
@@ -62,15 +62,15 @@ def test_a_spec_without_schema_cannot_be_validated():
 ])
 def test_validate_names_the_problem(knobs, message):
     with pytest.raises(ValueError) as err:
-        hz.HarnessSpec("bad", knobs=knobs, schema=KNOBS).validate()
+        harness.HarnessSpec("bad", knobs=knobs, schema=KNOBS).validate()
     assert message in str(err.value)
 
 
 def test_from_json_rejects_unknown_fields_and_knobs():
     with pytest.raises(ValueError, match="unknown field"):
-        hz.HarnessSpec.from_json({"name": "x", "knobz": {}}, KNOBS)
+        harness.HarnessSpec.from_json({"name": "x", "knobz": {}}, KNOBS)
     with pytest.raises(ValueError, match="unknown knob"):
-        hz.HarnessSpec.from_json({"name": "x", "knobs": {"nope": 1}}, KNOBS)
+        harness.HarnessSpec.from_json({"name": "x", "knobs": {"nope": 1}}, KNOBS)
 
 
 def test_with_knobs_and_diff():
@@ -90,7 +90,7 @@ def test_with_knobs_and_diff():
 
 
 def test_starter_pool_siblings_differ_only_in_knobs(tmp_path):
-    pool = hz.load_pool(POOL, KNOBS)
+    pool = harness.load_pool(POOL, KNOBS)
     assert pool.base.knobs == {} and pool.base.name == "base" and list(pool)[0] == "base" and len(pool) >= 7
     directions = set()
     for spec in pool.siblings:
@@ -100,8 +100,8 @@ def test_starter_pool_siblings_differ_only_in_knobs(tmp_path):
     assert len(directions) == len(pool) - 1, "one repair direction per sibling"
     # save/load round trip
     out = tmp_path / "pool.json"
-    hz.save_pool(out, pool.base, pool.siblings, doc="copy")
-    back = hz.load_pool(out, KNOBS)
+    harness.save_pool(out, pool.base, pool.siblings, doc="copy")
+    back = harness.load_pool(out, KNOBS)
     assert dict(back) == dict(pool) and back.base == pool.base and back.doc == "copy"
 
 
@@ -110,7 +110,7 @@ def test_the_base_comes_from_the_pool_file(tmp_path):
     path.write_text(json.dumps({"benchmark": "dbbench", "harnesses": [
         {"name": "base", "parent": None, "knobs": {"instruction": "concise"}},
         {"name": "more_rounds", "parent": "base", "direction": "turn_budget", "knobs": {"max_rounds": 30}}]}))
-    pool = hz.load_pool(path, KNOBS)
+    pool = harness.load_pool(path, KNOBS)
     assert pool.base.knob("instruction") == "concise" and pool["more_rounds"].knob("max_rounds") == 30
     assert pool.select(["more_rounds", "base"]) == [pool["more_rounds"], pool.base]
     with pytest.raises(ValueError, match=r"\['nope'\] are not in the pool"):
@@ -119,14 +119,14 @@ def test_the_base_comes_from_the_pool_file(tmp_path):
 
 def test_load_pool_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        hz.load_pool(tmp_path / "missing.json", KNOBS)
+        harness.load_pool(tmp_path / "missing.json", KNOBS)
     bad = tmp_path / "bad.json"
     base = {"name": "base", "parent": None, "knobs": {}}
 
     def check(harnesses, message, benchmark="dbbench"):
         bad.write_text(json.dumps({"benchmark": benchmark, "harnesses": harnesses}))
         with pytest.raises(ValueError, match=message):
-            hz.load_pool(bad, KNOBS)
+            harness.load_pool(bad, KNOBS)
 
     check([base, {"name": "x", "parent": "ghost", "knobs": {}}], "names parent 'ghost'")
     check([base, {"name": "x", "parent": "base"}, {"name": "x", "parent": "base", "knobs": {"max_rounds": 3}}],
@@ -138,21 +138,21 @@ def test_load_pool_errors(tmp_path):
 
 
 def test_truncate_is_the_800_char_rule():
-    assert hz.truncate("a" * 800, 800) == ("a" * 800, False)
-    text, cut = hz.truncate("a" * 801, 800)
+    assert harness.truncate("a" * 800, 800) == ("a" * 800, False)
+    text, cut = harness.truncate("a" * 801, 800)
     assert cut and text == "a" * 800 + "[TRUNCATED]"
 
 
 def test_paginate_by_rows_and_chars():
     rows = [(str(i),) for i in range(45)]
-    page, nxt = hz.paginate(rows, 0, 20, 10_000)
+    page, nxt = harness.paginate(rows, 0, 20, 10_000)
     assert page == rows[:20] and nxt == 20
-    page, nxt = hz.paginate(rows, 40, 20, 10_000)
+    page, nxt = harness.paginate(rows, 40, 20, 10_000)
     assert page == rows[40:] and nxt is None
     wide = [("x" * 100,) for _ in range(10)]
-    page, nxt = hz.paginate(wide, 0, 10, 350)
+    page, nxt = harness.paginate(wide, 0, 10, 350)
     assert 1 <= len(page) < 10 and len(str(page)) <= 350 and nxt == len(page)
-    page, nxt = hz.paginate([("y" * 1000,)], 0, 10, 100)  # never an empty page
+    page, nxt = harness.paginate([("y" * 1000,)], 0, 10, 100)  # never an empty page
     assert len(page) == 1 and nxt is None
 
 
@@ -166,13 +166,13 @@ def _history(n_turns):
 
 def test_select_context_modes():
     h = _history(5)
-    assert hz.select_context(h, 3, "all", 2) == h
-    last = hz.select_context(h, 3, "last_n", 2)
+    assert harness.select_context(h, 3, "all", 2) == h
+    last = harness.select_context(h, 3, "last_n", 2)
     assert last == h[:3] + h[-4:]
-    comp = hz.select_context(h, 3, "compress", 2)
+    comp = harness.select_context(h, 3, "compress", 2)
     assert len(comp) == len(h)
     assert [m["content"] for m in comp if m["role"] == "assistant"] == [m["content"] for m in h if m["role"] == "assistant"]
-    assert comp[4]["content"] == hz.elide_observation(h[4]["content"]) and comp[-1] == h[-1] and comp[-3] == h[-3]
-    assert hz.select_context(_history(1), 3, "last_n", 2) == _history(1)
+    assert comp[4]["content"] == harness.elide_observation(h[4]["content"]) and comp[-1] == h[-1] and comp[-3] == h[-3]
+    assert harness.select_context(_history(1), 3, "last_n", 2) == _history(1)
     with pytest.raises(ValueError, match="context mode"):
-        hz.select_context(h, 3, "summarize", 2)
+        harness.select_context(h, 3, "summarize", 2)

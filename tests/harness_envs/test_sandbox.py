@@ -6,11 +6,12 @@ import tempfile
 
 import pytest
 
-from harness_envs import sandbox as sb
+from harness_envs import sandbox
+from harness_envs import sandbox_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODES = [m for m in ("bwrap", "unshare", "none")
-         if m == "none" or (shutil.which(m) and sb.isolation("auto") in (("bwrap", "unshare") if m == "unshare"
+         if m == "none" or (shutil.which(m) and sandbox.isolation("auto") in (("bwrap", "unshare") if m == "unshare"
                                                                           else ("bwrap",)))]
 
 
@@ -25,8 +26,8 @@ def repl(request):
         return {"path": path, "kwargs": kwargs}
 
     # 3 s: a first `import subprocess` in the sandbox took over 1 s on a loaded 2-core machine.
-    box = sb.PythonSandbox(sb.Limits(wall_s=3.0, memory_mb=512, output_chars=1000), isolation_mode=request.param,
-                           bridge="apis", on_call=on_call, hide=(REPO,))
+    limits = sandbox.Limits(wall_s=3.0, memory_mb=512, output_chars=1000)
+    box = sandbox.PythonSandbox(limits, isolation_mode=request.param, bridge="apis", on_call=on_call, hide=(REPO,))
     box.calls = calls
     yield box
     box.close()
@@ -92,46 +93,47 @@ def test_bubblewrap_hides_the_project_and_the_network(repl):
     assert hidden.error == "FileNotFoundError"
 
 
-@pytest.mark.skipif(sb.isolation() == "none", reason="neither bwrap nor unshare works here: no network namespace")
+@pytest.mark.skipif(sandbox.isolation() == "none", reason="neither bwrap nor unshare works here: no network namespace")
 def test_commands_run_without_network_and_with_bounded_output(tmp_path):
     probe = "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\""
-    result = sb.run_command(probe, str(tmp_path), sb.Limits(wall_s=10))
+    result = sandbox_command.run_command(probe, str(tmp_path), sandbox.Limits(wall_s=10))
     assert result.returncode != 0 and ("unreachable" in result.output or "Errno" in result.output)
-    loud = sb.run_command("python3 -c \"print('y' * 50000, end='')\"", str(tmp_path), sb.Limits(output_chars=100))
+    loud = sandbox_command.run_command("python3 -c \"print('y' * 50000, end='')\"", str(tmp_path),
+                                       sandbox.Limits(output_chars=100))
     assert len(loud.output) == 100 and loud.dropped == 49900 and loud.returncode == 0
-    slow = sb.run_command("sleep 30", str(tmp_path), sb.Limits(wall_s=0.5))
+    slow = sandbox_command.run_command("sleep 30", str(tmp_path), sandbox.Limits(wall_s=0.5))
     assert slow.timed_out and slow.returncode is None and slow.seconds < 5
 
 
-@pytest.mark.skipif(sb.isolation() != "bwrap", reason="bubblewrap (bwrap) is not installed or does not run here")
+@pytest.mark.skipif(sandbox.isolation() != "bwrap", reason="bubblewrap (bwrap) is not installed or does not run here")
 def test_commands_write_only_in_their_directory(tmp_path):
-    result = sb.run_command("echo x > inside.txt && echo y > /tmp/hsjax-outside.txt", str(tmp_path))
+    result = sandbox_command.run_command("echo x > inside.txt && echo y > /tmp/hsjax-outside.txt", str(tmp_path))
     assert (tmp_path / "inside.txt").read_text() == "x\n"
     assert result.returncode != 0 and not os.path.exists("/tmp/hsjax-outside.txt")
 
 
 def test_isolation_names_are_checked():
     with pytest.raises(ValueError, match="not one of"):
-        sb.isolation("docker")
-    assert sb.isolation() in ("bwrap", "unshare", "none")
+        sandbox.isolation("docker")
+    assert sandbox.isolation() in ("bwrap", "unshare", "none")
 
 
 def test_commands_take_stdin_and_end_at_the_wall_even_with_their_output_closed(tmp_path):
-    fed = sb.run_command("wc -c", str(tmp_path), sb.Limits(wall_s=10), stdin="x" * 300_000)
+    fed = sandbox_command.run_command("wc -c", str(tmp_path), sandbox.Limits(wall_s=10), stdin="x" * 300_000)
     assert fed.output.strip() == "300000"  # more than a pipe holds: no deadlock
-    closed = sb.run_command("exec >&- 2>&-; sleep 30", str(tmp_path), sb.Limits(wall_s=0.5))
+    closed = sandbox_command.run_command("exec >&- 2>&-; sleep 30", str(tmp_path), sandbox.Limits(wall_s=0.5))
     assert closed.timed_out and closed.seconds < 5
-    assert sb.run_command("yes | head -c 3", str(tmp_path)).output == "y\ny"  # SIGPIPE back to its default
+    assert sandbox_command.run_command("yes | head -c 3", str(tmp_path)).output == "y\ny"  # SIGPIPE back to its default
 
 
-@pytest.mark.skipif(sb.isolation() != "bwrap", reason="bubblewrap (bwrap) is not installed or does not run here")
+@pytest.mark.skipif(sandbox.isolation() != "bwrap", reason="bubblewrap (bwrap) is not installed or does not run here")
 def test_binds_and_shown_paths_stack_over_hidden_ones(tmp_path):
     work, private, hidden = tmp_path / "work", tmp_path / "private", tmp_path / "hidden"
     for d in (work, private, hidden / "shown"):
         d.mkdir(parents=True)
     (hidden / "secret.txt").write_text("s")
     (hidden / "shown" / "ok.txt").write_text("ok")
-    result = sb.run_command(f"echo t > /tmp/t.txt; ls {hidden}; cat {hidden}/shown/ok.txt; touch {hidden}/shown/x",
+    result = sandbox_command.run_command(f"echo t > /tmp/t.txt; ls {hidden}; cat {hidden}/shown/ok.txt; touch {hidden}/shown/x",
                             str(work), hide=(str(hidden),), binds=[(str(private), "/tmp")],
                             show=[str(hidden / "shown")])
     assert (private / "t.txt").read_text() == "t\n"  # /tmp is the private directory
@@ -143,13 +145,13 @@ def test_binds_and_shown_paths_stack_over_hidden_ones(tmp_path):
 def test_commands_drop_to_a_leased_uid_for_good(mode):
     """RLIMIT_NPROC binds the uid, which has no capability, no supplementary group and no way back to
     root; what it writes is its own."""
-    user = sb.SandboxUser.lease()
+    user = sandbox.SandboxUser.lease()
     work = tempfile.mkdtemp(prefix="hsjax-test-uid-")
     try:
         user.own(work)
-        result = sb.run_command("id -u; id -g; id -G; ulimit -u; grep -E '^(CapPrm|CapEff|NoNewPrivs)' "
+        result = sandbox_command.run_command("id -u; id -g; id -G; ulimit -u; grep -E '^(CapPrm|CapEff|NoNewPrivs)' "
                                 "/proc/self/status; touch made; python3 -c 'import os; os.setuid(0)' 2>&1 | tail -1",
-                                work, sb.Limits(nproc=32), isolation_mode=mode, user=user.ids)
+                                work, sandbox.Limits(nproc=32), isolation_mode=mode, user=user.ids)
         assert result.output.splitlines() == [str(user.uid)] * 3 + ["32", "CapPrm:\t0000000000000000",
                                               "CapEff:\t0000000000000000", "NoNewPrivs:\t1",
                                               "PermissionError: [Errno 1] Operation not permitted"], result.output
@@ -163,17 +165,17 @@ def test_commands_drop_to_a_leased_uid_for_good(mode):
 def test_uid_leases_are_exclusive_until_released(tmp_path, monkeypatch):
     if os.geteuid() == 0:
         locks, uids = str(tmp_path / "locks"), range(1_500_000_000, 1_500_000_002)
-        first, second = sb.SandboxUser.lease(uids, locks), sb.SandboxUser.lease(uids, locks)
+        first, second = sandbox.SandboxUser.lease(uids, locks), sandbox.SandboxUser.lease(uids, locks)
         assert (first.uid, second.uid) == tuple(uids) and first.gid == first.uid
         with pytest.raises(RuntimeError, match="all 2 sandbox uids"):
-            sb.SandboxUser.lease(uids, locks)
+            sandbox.SandboxUser.lease(uids, locks)
         first.release()
-        again = sb.SandboxUser.lease(uids, locks)
+        again = sandbox.SandboxUser.lease(uids, locks)
         assert again.uid == uids[0]
         again.release()
         second.release()
-    monkeypatch.setattr(sb.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
     with pytest.raises(ValueError, match="needs a parent running as root"):
-        sb.run_command("true", str(tmp_path), user=(1_500_000_000, 1_500_000_000))
+        sandbox_command.run_command("true", str(tmp_path), user=(1_500_000_000, 1_500_000_000))
     with pytest.raises(PermissionError, match="only by root"):
-        sb.SandboxUser.lease()
+        sandbox.SandboxUser.lease()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from harness_envs import harness as hz
+from harness_envs import harness
 from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
 from harness_envs.dbbench.benchmark import KNOBS, DBBench
 from harness_envs.dbbench.data import is_modification, load_split
@@ -101,8 +101,8 @@ def test_evolution_repairs_each_slip_and_is_deterministic(backend, tasks, tmp_pa
         statuses = [c["status"] for c in ev["candidates_tried"]]
         assert statuses.count("kept") == 1 and len(statuses) == len(ev["candidates_tried"]) > 1
     path = tmp_path / "pool.json"
-    hz.save_pool(path, BASE, evo.siblings, **evo.pool_extra())
-    pool = hz.load_pool(path, KNOBS)
+    harness.save_pool(path, BASE, evo.siblings, **evo.pool_extra())
+    pool = harness.load_pool(path, KNOBS)
     assert sorted(pool) == sorted(["base", *[s.name for s in evo.siblings]])
     assert json.loads(path.read_text())["evidence"].keys() == evo.evidence.keys()
     _, again = _evolve(NoisyAgent(noise, seed=0), backend, tasks)
@@ -217,7 +217,7 @@ def test_evolve_mode_end_to_end(tmp_path):
                           env={**__import__("os").environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "wrote" in proc.stdout and "complementarity: union" in proc.stdout
-    pool = hz.load_pool(tmp_path / "pool.json", KNOBS)
+    pool = harness.load_pool(tmp_path / "pool.json", KNOBS)
     data = json.loads((tmp_path / "pool.json").read_text())
     assert len(pool) > 2 and set(data["evidence"]) == set(pool) - {"base"}
     for name in ("locality", "complementarity", "nonstationarity"):

@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from harness_envs import harness as hz
+from harness_envs import harness
 from harness_envs.dbbench.agents import NoisyAgent
 from harness_envs.dbbench.benchmark import KNOBS, DBBench
 from harness_envs.dbbench.data import load_split
@@ -31,7 +31,7 @@ def _runner(noise, backend, seed=0):
 
 @pytest.mark.parametrize("noise", [{"format_slip": 0.5}, {"format_slip": 0.3, "turn_waste": 0.3}])
 def test_rank1_beats_base_at_equal_rollouts(backend, noise):
-    pool = hz.load_pool(STARTER, KNOBS)
+    pool = harness.load_pool(STARTER, KNOBS)
     specs = list(pool.values())
     runner = _runner(noise, backend)
     profiles = rank1.fit_profiles(runner, specs, load_split("standard_train")[:60], base=pool.base)
@@ -49,7 +49,7 @@ def test_rank1_beats_base_at_equal_rollouts(backend, noise):
 
 
 def test_probe_features_choose_the_repairing_sibling(backend):
-    pool = hz.load_pool(STARTER, KNOBS)
+    pool = harness.load_pool(STARTER, KNOBS)
     specs = list(pool.values())
     runner = _runner({"format_slip": 0.3, "premature_answer": 0.3}, backend)
     profiles = rank1.fit_profiles(runner, specs, load_split("standard_train")[:80], base=pool.base)

@@ -10,8 +10,9 @@ from hsjax.infra import config_checks, experiments
 from hsjax.infra.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-# `experiments/<file>.py:<variants>` as the docs and the experiment files write their commands.
-COMMAND = re.compile(r"experiments/(\w+)\.py(?::([\w,]+))?")
+# `experiments/<file>.py:<variants>` as the docs and the experiment files write their commands; not
+# a path that merely ends in `experiments/` (`tests/experiments/test_dbbench_configs.py`).
+COMMAND = re.compile(r"(?<![\w/])experiments/(\w+)\.py(?::([\w,]+))?")
 
 
 def documented_configs() -> list[tuple[str, str | None]]:

@@ -1,11 +1,10 @@
-"""The training loop's host-side pieces with scripted agents: DAPO draws, rescue, re-rendering, and
-rollouts counted by the runner."""
+"""The training loop's host-side pieces with scripted agents: DAPO draws, the hint arm's rescuer,
+re-rendering, and rollouts counted by the runner (the rescue step itself: tests/harness_s/test_rescue.py)."""
 import numpy as np
 import pytest
 
 from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
 from hsjax import builders
-from hsjax.harness_s import rescue as rescue_lib
 from hsjax.infra import experiments
 from hsjax.models.tokenizer import build_tiny_tokenizer
 from hsjax.modes import train
@@ -75,26 +74,6 @@ def test_plain_draw_takes_the_next_tasks_in_stream_order():
     assert [[t.result["sample_index"] for t in trajs] for trajs in groups] == [[0, 1], [0, 1]]
 
 
-def test_fixed_sibling_rescues_all_fail_groups_only():
-    c = config("policy_only", **{"rollout.groups": 2, "rollout.n": 2, "rescue.m": 2})
-    agent = NoisyAgent({"format_slip": 1.0})  # every base episode is malformed
-    bench, pool, train_tasks, runner = setup(c, agent)
-    rescuer = rescue_lib.FixedSiblings([pool["lenient_parse"]])
-    tasks = train_tasks[:2]
-    groups = [runner.run([Job(pool.base, task, i) for i in range(2)]) for task in tasks]
-    assert not any(t.result["success"] for trajs in groups for t in trajs)
-    oracle = EpisodeRunner(bench.make_episode, OracleAgent(), runner.sampling)
-    groups[1] = oracle.run([Job(pool.base, tasks[1], i) for i in range(2)])
-    before = runner.rollouts
-    rescued, outcomes = rescue_lib.rescue_failed_groups(0, tasks, groups, rescuer, runner, runner.sampling,
-                                                        m=2, threshold=1.0)
-    assert [len(r) for r in rescued] == [2, 0]  # only the all-fail group is re-rolled, m=2 times
-    assert runner.rollouts - before == 2
-    assert all(t.result["success"] and name == "lenient_parse" for t, name in rescued[0])
-    assert [o["harness"] for o in outcomes] == ["lenient_parse"] * 2
-    assert all(o["success"] and o["base_failure_mode"] == "malformed_action" for o in outcomes)
-
-
 def test_hint_arm_rescues_with_one_hint_augmented_base_harness():
     c = config("hint")
     bench = builders.make_benchmark(c)
@@ -153,13 +132,6 @@ def test_synth_runs_the_testbed_tasks_on_the_dbbench_protocol():
     assert {t.task_id for t in train_tasks}.isdisjoint(t.task_id for t in eval_tasks)
     trajs = runner.run([Job(pool.base, t) for t in train_tasks])
     assert all(t.result["success"] for t in trajs)
-
-
-def test_dominant_failure_mode_breaks_ties_by_name():
-    assert rescue_lib.dominant_failure_mode([{"failure_mode": "wrong_answer"},
-                                             {"failure_mode": "malformed_action"}]) == "malformed_action"
-    assert rescue_lib.dominant_failure_mode([{"failure_mode": m} for m in
-                                             ("turn_limit", "wrong_answer", "wrong_answer")]) == "wrong_answer"
 
 
 def test_step_metrics_take_the_rollouts_the_runners_counted():

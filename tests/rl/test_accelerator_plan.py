@@ -1,5 +1,5 @@
 """Regression guard of issue 37, without an accelerator: the GRPO update of the GPU benchmark
-(`benchmarks/train_bench.py --gpu`: Qwen2-0.5B shapes, 64 rows x 2,048 tokens, 4 micro-batches,
+(`perf/train_bench.py --gpu`: Qwen2-0.5B shapes, 64 rows x 2,048 tokens, 4 micro-batches,
 bf16 compute, remat) planned for an H200's memory keeps no block loop at that shape.
 
 At d7889b9 the 64 MiB budgets of a 2-core CPU applied on every device, and the update ran the

@@ -17,7 +17,8 @@ import tempfile
 
 import pytest
 
-from harness_envs import sandbox as sb
+from harness_envs import sandbox
+from harness_envs import sandbox_command
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SECRET = "sk-hsjax-planted-%08d" % random.randrange(10 ** 8)
@@ -25,7 +26,7 @@ SECRET = "sk-hsjax-planted-%08d" % random.randrange(10 ** 8)
 
 def _mode_works(mode: str) -> bool:
     try:
-        return sb.isolation(mode) == mode
+        return sandbox.isolation(mode) == mode
     except Exception:
         return False
 
@@ -36,9 +37,9 @@ MODES = [pytest.param(m, marks=pytest.mark.skipif(not _mode_works(m), reason=f"{
 # The parent of the REPL: runs one cell, then reports on itself. argv: mode, cell, marker.
 HELPER = r'''
 import json, os, sys, time
-from harness_envs import sandbox as sb
+from harness_envs import sandbox
 mode, code, marker = sys.argv[1], sys.argv[2], sys.argv[3]
-box = sb.PythonSandbox(sb.Limits(wall_s=20.0), isolation_mode=mode, hide=(os.getcwd(),))
+box = sandbox.PythonSandbox(sandbox.Limits(wall_s=20.0), isolation_mode=mode, hide=(os.getcwd(),))
 cell = box.run(code)
 used = 0
 for d, _, files in os.walk(box.workdir):
@@ -262,7 +263,7 @@ print('written', written)
 def test_swegym_commands_see_no_gold_patch_outside_their_allow_list(tmp_path_factory):
     if not _mode_works("bwrap"):
         pytest.skip("bubblewrap does not run here: SWE-Gym's mount allow-list needs it")
-    from harness_envs.swegym import local_runtime as lr
+    from harness_envs.swegym import local_runtime
     from tests.harness_envs.swegym.toy_repo import make_toy
     toy = make_toy(tmp_path_factory.mktemp("toy"))
     gold = tempfile.mkdtemp(prefix="hsjax-other-checkout-", dir="/var/tmp")
@@ -270,7 +271,7 @@ def test_swegym_commands_see_no_gold_patch_outside_their_allow_list(tmp_path_fac
     pathlib.Path(gold, "gold.patch").write_text("GOLD-PATCH-CONTENT\n")
     os.chmod(os.path.join(gold, "gold.patch"), 0o644)
     try:
-        runtime = lr.LocalRuntime(toy.repos_dir, toy.venvs_dir, isolation_mode="bwrap")
+        runtime = local_runtime.LocalRuntime(toy.repos_dir, toy.venvs_dir, isolation_mode="bwrap")
         with runtime.workspace(toy.instance) as ws:
             result = ws.run(f"cat {gold}/gold.patch; cat /etc/shadow; ls /work /home /opt /srv 2>&1 | head -5; "
                             "python -c 'import sys; print(sys.version_info[0])'")
@@ -282,13 +283,13 @@ def test_swegym_commands_see_no_gold_patch_outside_their_allow_list(tmp_path_fac
 
 def test_commands_get_no_host_environment_by_default(tmp_path, monkeypatch):
     monkeypatch.setenv("HSJAX_SANDBOX_SECRET", SECRET)
-    result = sb.run_command("env; cat /proc/self/environ", str(tmp_path), isolation_mode="none")
+    result = sandbox_command.run_command("env; cat /proc/self/environ", str(tmp_path), isolation_mode="none")
     assert SECRET not in result.output and "PATH=" in result.output, result.output
 
 
 def test_no_safe_isolation_refuses_agent_code_unless_none_is_asked_for(monkeypatch):
     """No bubblewrap and no network namespace: `auto` is one line naming the fix, `none` runs."""
-    monkeypatch.setattr(sb.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match="install bubblewrap"):
-        sb.isolation("auto")
-    assert sb.isolation("none") == "none"
+        sandbox.isolation("auto")
+    assert sandbox.isolation("none") == "none"

@@ -9,7 +9,7 @@ from hsjax.models.presets import get_preset
 from hsjax.models.model import init_params
 from hsjax.models.tokenizer import CV_SYLLABLES, tiny_tokenizer
 from studies.testbed import copy_warmup
-from tests.modes.test_config_reads import covered, never_read
+from tests.experiments.config_reads import covered, never_read
 
 
 def test_a_row_repeats_its_list_after_a_lead_and_the_mask_covers_the_repeats():

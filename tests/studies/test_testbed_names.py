@@ -17,7 +17,7 @@ from hsjax.models.model import forward
 from hsjax.modes import train
 from studies.testbed import gates, mechanism, warmstart
 
-from tests.modes.test_config_reads import covered, never_read
+from tests.experiments.config_reads import covered, never_read
 
 testbed = experiments.load("testbed")
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -1,11 +1,11 @@
 """Rank-1 on the names regime (experiments/testbed.py:names_rank1) with the shipped v3 warm start.
-In a file of its own so that xdist (--dist loadfile) can run it beside test_config_reads."""
+In a file of its own so that xdist (--dist loadfile) can run it beside tests/experiments/test_testbed_configs.py."""
 import json
 
 from hsjax.infra import experiments
 from hsjax.modes import rank1
 from studies.testbed import names_report
-from tests.modes.test_config_reads import covered, never_read
+from tests.experiments.config_reads import covered, never_read
 
 
 def test_names_rank1_reads_its_config_and_plays_the_warm_start(tmp_path):

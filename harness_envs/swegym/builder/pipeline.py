@@ -25,17 +25,17 @@ nothing in it is committed):
 Scratch (the extracted tree the tests run in) is a temp directory, removed after each package.
 
 Per package (`build_package`):
-1. extract the sdist, commit it; run its suite twice (hash seeds 1 and 2): a test that passes both
-   times belongs to the universe; the first run also traces which test files execute each line of
-   the package's source (linetrace.py);
+1. extract the sdist (sources.py), commit it; run its suite twice (hash seeds 1 and 2): a test that
+   passes both times belongs to the universe; the first run also traces which test files execute
+   each line of the package's source (linetrace.py);
 2. enumerate every mutation of every function (mutations.py) and order them by the seed;
 3. try candidates in that order, skipping a function that already has an instance and a mutation
    no test executes; each try runs only the test files that execute the mutated lines, with
    `--maxfail` one past the cap. FAIL_TO_PASS = universe tests that now fail (1 to `MAX_F2P`, no
    collection error, no time-out); PASS_TO_PASS = universe tests of the FAIL_TO_PASS files that
    still pass (SWE-bench runs whole test files);
-4. the base tree is the mutated source with the FAIL_TO_PASS test functions removed from their files,
-   and `test_patch` puts them back (`test_patch_mode="removed"`), so the agent cannot read the
+4. the base tree is the mutated source with the FAIL_TO_PASS test functions removed from their files
+   (removed_tests.py), and `test_patch` puts them back (`test_patch_mode="removed"`), so the agent cannot read the
    judging tests. Where a test cannot be removed cleanly (a method inherited from a mixin in
    another file, a class left empty, a file that no longer collects or imports) the tests stay in
    the base tree and `test_patch` is empty (`test_patch_mode="in_base"`). `patch` (gold) restores
@@ -63,13 +63,13 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
 
 from harness_envs.swegym.builder import gitrepo, mutations, statements, testrun
+from harness_envs.swegym.builder.removed_tests import remove_tests
+from harness_envs.swegym.builder.sources import (BuildError, ensure_venv, extract, fetch_sdist, module_name,
+                                                 source_files)
 from harness_envs.swegym.builder.packages import PACKAGES, PYTEST_PIN, Package, select
 from harness_envs.swegym.instances import Instance, load_jsonl, write_jsonl
 from harness_envs.swegym.local_runtime import LocalRuntime
@@ -101,86 +101,7 @@ class Config:
     force: bool = False
 
 
-class BuildError(RuntimeError):
-    """A step of the build that cannot go on (a bad download, a pristine suite that fails)."""
-
-
-# ------------------------------------------------------------------------------------------ inputs
-
-def fetch_sdist(pkg: Package, cache: pathlib.Path) -> pathlib.Path:
-    """The package's sdist in `cache/sdists`, downloaded with pip if absent, sha256-checked."""
-    dest = cache / "sdists" / pkg.sdist
-    if not dest.is_file():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-            proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                                   "--dest", tmp, pkg.requirement], capture_output=True, text=True, timeout=900)
-            got = pathlib.Path(tmp) / pkg.sdist
-            if proc.returncode != 0 or not got.is_file():
-                raise BuildError(f"pip download {pkg.requirement} failed (status {proc.returncode}; files "
-                                 f"{sorted(os.listdir(tmp))}): {proc.stderr.strip()[-800:]}")
-            got.replace(dest)
-    digest = hashlib.sha256(dest.read_bytes()).hexdigest()
-    if digest != pkg.sha256:
-        raise BuildError(f"{dest}: sha256 {digest}, but packages.py pins {pkg.sha256}; delete the file to "
-                         "download it again, or update the pin if the release really changed")
-    return dest
-
-
-def ensure_venv(pkg: Package, cache: pathlib.Path) -> pathlib.Path:
-    """`cache/venvs/<key>`: a venv without pip, holding PYTEST_PIN and the test deps (built once)."""
-    venv = cache / "venvs" / pkg.key
-    wanted = "\n".join([PYTEST_PIN, *pkg.test_deps]) + "\n"
-    stamp = venv / ".hsjax-requirements"
-    if stamp.is_file() and stamp.read_text() == wanted and (venv / "bin" / "python").exists():
-        return venv
-    shutil.rmtree(venv, ignore_errors=True)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True,
-                   timeout=300)
-    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                           PYTEST_PIN, *pkg.test_deps], capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise BuildError(f"installing {PYTEST_PIN} {' '.join(pkg.test_deps)} into {venv} failed: "
-                         f"{proc.stderr.strip()[-800:]}")
-    stamp.write_text(wanted)
-    return venv
-
-
-def extract(sdist: pathlib.Path, pkg: Package, scratch: pathlib.Path) -> pathlib.Path:
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    with tarfile.open(sdist) as tar:
-        tar.extractall(scratch, filter="data")
-    tree = scratch / "tree"
-    (scratch / pkg.root).rename(tree)
-    return tree
-
-
-def source_files(pkg: Package, tree: pathlib.Path) -> list[str]:
-    """Tree-relative paths of the .py files whose functions may be mutated."""
-    out = []
-    for entry in pkg.source:
-        path = tree / entry
-        found = [path] if path.is_file() else sorted(path.rglob("*.py"))
-        for f in found:
-            rel = f.relative_to(tree).as_posix()
-            name = f.name
-            if any(rel == e or rel.startswith(e.rstrip("/") + "/") for e in pkg.exclude):
-                continue
-            if name.startswith("test_") or name == "conftest.py" or "/tests/" in f"/{rel}":
-                continue
-            out.append(rel)
-    return sorted(set(out))
-
-
-def module_name(pkg: Package, path: str) -> str:
-    rel = path[len(pkg.pythonpath) + 1:] if pkg.pythonpath and path.startswith(pkg.pythonpath + "/") else path
-    parts = rel.removesuffix(".py").split("/")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
+# ------------------------------------------------------------------------------------------ the cache
 
 def fingerprint(pkg: Package, config: Config) -> str:
     """What a package's part depends on: the builder's code (not its comments or docstrings), the
@@ -203,58 +124,6 @@ def _code(path: pathlib.Path) -> bytes:
                 and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
             node.body = body[1:] or [ast.Pass()]
     return ast.dump(tree).encode()
-
-
-# ------------------------------------------------------------------------------------------ tests in the base tree
-
-def remove_tests(tree: pathlib.Path, test_ids: list[str]) -> dict[str, bytes] | None:
-    """{test file: its text without the functions of `test_ids`}, or None when one cannot be removed
-    cleanly: not defined in the file it is collected from (inherited), nested deeper than a class,
-    defined twice, or leaving an empty class body."""
-    wanted: dict[str, set[tuple[str, ...]]] = collections.defaultdict(set)
-    for test_id in test_ids:
-        path, *names = test_id.split("::")
-        names[-1] = names[-1].split("[", 1)[0]
-        if len(names) > 2:
-            return None
-        wanted[path].add(tuple(names))
-    out = {}
-    for path, names in sorted(wanted.items()):
-        data = (tree / path).read_bytes()
-        try:
-            module = ast.parse(data)
-        except SyntaxError:
-            return None
-        lines = data.splitlines(keepends=True)
-        spans = []
-        for name in sorted(names):
-            span = _definition(module, name)
-            if span is None:
-                return None
-            spans.append(span)
-        for first, last in sorted(set(spans), reverse=True):
-            while first > 1 and not lines[first - 2].strip():  # the blank lines before the definition go too
-                first -= 1
-            del lines[first - 1:last]
-        out[path] = b"".join(lines)
-    return out
-
-
-def _definition(module: ast.Module, names: tuple[str, ...]) -> tuple[int, int] | None:
-    """(first line with decorators, last line) of the test function or method `names`."""
-    scope = module.body
-    if len(names) == 2:
-        classes = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == names[0]]
-        if len(classes) != 1:
-            return None
-        scope = classes[0].body
-    found = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == names[-1]]
-    if len(found) != 1:
-        return None
-    fn = found[0]
-    if len(names) == 2 and len(scope) == 1:
-        return None
-    return min([fn.lineno] + [d.lineno for d in fn.decorator_list]), fn.end_lineno
 
 
 # ------------------------------------------------------------------------------------------ one package
@@ -517,4 +386,4 @@ def build(packages: str | list[str] | None = None, *, cache: str | os.PathLike |
 
 
 __all__ = ["BuildError", "CACHE_ENV", "DEFAULT_CACHE", "PACKAGES", "build", "build_package", "cache_root",
-           "fetch_sdist", "remove_tests", "validate"]
+           "validate"]

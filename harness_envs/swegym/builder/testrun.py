@@ -5,7 +5,7 @@ tracer's files live beside the tree). Every run is the scorer's own command (`ru
 `python -m pytest -rA -p no:cacheprovider -W ignore::DeprecationWarning`) plus `--tb=short` (for the
 problem statement's excerpts; it changes no outcome) and, for candidates, `--maxfail` (a mutation
 failing more tests than an instance may have is rejected anyway). It runs under
-`sandbox.run_command` (bubblewrap where present: writes only inside the package's scratch directory,
+`sandbox_command.run_command` (bubblewrap where present: writes only inside the package's scratch directory,
 no network, rlimits, a wall-clock limit that kills the whole process group, so a mutation that loops
 forever costs one time-out) with the environment the local runtime gives an agent: the package's
 venv first on PATH, PYTHONPATH the tree's import root, no bytecode files (a mutated module of the
@@ -27,7 +27,8 @@ import re
 import shlex
 import shutil
 
-from harness_envs.sandbox import Limits, run_command
+from harness_envs.sandbox import Limits
+from harness_envs.sandbox_command import run_command
 from harness_envs.sandbox_mounts import venv_mounts
 from harness_envs.swegym.runtime import PYTEST
 from harness_envs.swegym.scoring import parse_pytest_log

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from harness_envs.appworld import agents, evaluator, taxonomy
-from harness_envs.appworld import harness as awh
+from harness_envs.appworld import harness as appworld_harness
 from harness_envs.appworld.benchmark import AppWorld
 from harness_envs.registry import make_benchmark
 from hsjax.rollout.policy import SamplingParams
@@ -60,11 +60,11 @@ def test_code_extraction_strict_and_lenient(bench):
     base = bench.load_pool().base
     lenient = base.with_knobs(parse_mode="lenient")
     reply = "I'll look.\n```py\nprint(1)\n```"
-    assert awh.extract_code(reply, base) == reply.strip()  # published: no python block, the whole reply
-    assert awh.extract_code(reply, lenient) == "print(1)"
-    assert awh.extract_code("x\n```python\na = 1\n```\n```python\nb = 2\n```", base) == "a = 1"
-    assert awh.extract_code("```python\na = 1\n```\n```\nb = 2\n```", lenient) == "a = 1\nb = 2"
-    assert awh.extract_code("print(2)", base) == "print(2)"
+    assert appworld_harness.extract_code(reply, base) == reply.strip()  # published: no python block, the whole reply
+    assert appworld_harness.extract_code(reply, lenient) == "print(1)"
+    assert appworld_harness.extract_code("x\n```python\na = 1\n```\n```python\nb = 2\n```", base) == "a = 1"
+    assert appworld_harness.extract_code("```python\na = 1\n```\n```\nb = 2\n```", lenient) == "a = 1\nb = 2"
+    assert appworld_harness.extract_code("print(2)", base) == "print(2)"
 
 
 class Script:
@@ -82,12 +82,12 @@ def test_observations_follow_the_protocol_and_the_knobs(bench):
     ep.reset()
     assert ep.messages()[0]["role"] == "system" and task.question in ep.messages()[1]["content"]
     ep.step("```python\nx = 1\n```")
-    assert ep.messages()[-1]["content"] == awh.SUCCESS_OUTPUT
+    assert ep.messages()[-1]["content"] == appworld_harness.SUCCESS_OUTPUT
     ep.step("```python\nprint(x + 1)\nprint(apis.notes.nope())\n```")
     obs = ep.messages()[-1]["content"]
-    assert obs.startswith("2\n" + awh.FAILED_LEAD) and "404 Not Found" in obs and 'File "<cell' in obs
+    assert obs.startswith("2\n" + appworld_harness.FAILED_LEAD) and "404 Not Found" in obs and 'File "<cell' in obs
     ep.step("")
-    assert ep.messages()[-1]["content"] == awh.NO_CODE
+    assert ep.messages()[-1]["content"] == appworld_harness.NO_CODE
     ep.abort("context_overflow")
     assert ep.result()["failure_mode"] == "context_overflow"
 
@@ -97,12 +97,12 @@ def test_observations_follow_the_protocol_and_the_knobs(bench):
     ep.reset()
     ep.step("```python\napis.notes.nope()\n```")
     obs = ep.messages()[-1]["content"]
-    assert "Error summary: ApiError" in obs and awh.APP_LIST_LEAD.format(app="notes") in obs
+    assert "Error summary: ApiError" in obs and appworld_harness.APP_LIST_LEAD.format(app="notes") in obs
     assert "apis.notes.search_notes(" in obs
     ep.step("```python\napis.notes.login(user='a', password='b')\n```")
-    assert awh.API_DOC_LEAD.format(app="notes", api="login") in ep.messages()[-1]["content"]
+    assert appworld_harness.API_DOC_LEAD.format(app="notes", api="login") in ep.messages()[-1]["content"]
     ep.step("```python\napis.notes.login(username='a', password='b')\n```")
-    assert awh.CREDENTIALS_REMINDER in ep.messages()[-1]["content"]
+    assert appworld_harness.CREDENTIALS_REMINDER in ep.messages()[-1]["content"]
     ep.abort("done")
 
 

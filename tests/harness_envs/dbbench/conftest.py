@@ -10,13 +10,13 @@ import os
 import pytest
 
 from harness_envs.dbbench import make_backend
-from harness_envs.dbbench import mariadb_backend as mariadb_module
+from harness_envs.dbbench import mariadb_server
 
 
 def _mariadb_or_skip():
     url = os.environ.get("HSJAX_MARIADB_URL")
-    if url is None and not mariadb_module.is_available():
-        message = f"MariaDB not available: {mariadb_module.INSTALL_HINT}"
+    if url is None and not mariadb_server.is_available():
+        message = f"MariaDB not available: {mariadb_server.INSTALL_HINT}"
         if os.environ.get("HSJAX_REQUIRE_MARIADB") == "1":
             pytest.fail(message + " (HSJAX_REQUIRE_MARIADB=1)")
         pytest.skip(message)

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from harness_envs import harness as hz
+from harness_envs import harness
 from harness_envs.dbbench.benchmark import KNOBS
 from harness_envs.dbbench import agents
 from harness_envs.dbbench.data import is_modification, load_split
@@ -15,7 +15,7 @@ from hsjax.rollout.engine import collect
 
 BASE = KNOBS.base()
 
-POOL = hz.load_pool(pathlib.Path(__file__).resolve().parents[3] / "harness_envs" / "pools" / "dbbench_siblings.json", KNOBS)
+POOL = harness.load_pool(pathlib.Path(__file__).resolve().parents[3] / "harness_envs" / "pools" / "dbbench_siblings.json", KNOBS)
 SAMPLING = SamplingParams()
 
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from harness_envs.dbbench import backends, data, make_backend, mysql_compat
+from harness_envs.dbbench import backends, data, make_backend, mysql_functions, mysql_translate
 from harness_envs.dbbench.data import Table
 
 TABLE = Table(
@@ -208,25 +208,25 @@ def test_mariadb_refuses_the_empty_column_name(mariadb_backend):
     ("SELECT LEFT(a, 2) FROM t LEFT JOIN u ON 1", "SELECT mysql_left(a, 2) FROM t LEFT JOIN u ON 1"),
 ])
 def test_translate(sql, expected):
-    assert mysql_compat.translate(sql) == expected
+    assert mysql_translate.translate(sql) == expected
 
 
 @pytest.mark.parametrize("sql,shim", [
-    ("show tables", mysql_compat.Shim("show_tables")),
-    ("SHOW TABLES LIKE 'a%';", mysql_compat.Shim("show_tables", None, "a%")),
-    ("DESC `my table`", mysql_compat.Shim("describe", "my table")),
-    ("SHOW FULL COLUMNS FROM t FROM db", mysql_compat.Shim("describe", "t")),
-    ("SHOW CREATE TABLE `t`", mysql_compat.Shim("show_create_table", "t")),
+    ("show tables", mysql_translate.Shim("show_tables")),
+    ("SHOW TABLES LIKE 'a%';", mysql_translate.Shim("show_tables", None, "a%")),
+    ("DESC `my table`", mysql_translate.Shim("describe", "my table")),
+    ("SHOW FULL COLUMNS FROM t FROM db", mysql_translate.Shim("describe", "t")),
+    ("SHOW CREATE TABLE `t`", mysql_translate.Shim("show_create_table", "t")),
 ])
 def test_shims_are_recognized(sql, shim):
-    assert mysql_compat.translate(sql) == shim
+    assert mysql_translate.translate(sql) == shim
 
 
 def test_collation_folds_case_and_accents_but_not_padding():
-    assert mysql_compat.collate_ai_ci("Émile", "emile") == 0
-    assert mysql_compat.collate_ai_ci("Straße", "STRASSE") == 0
-    assert mysql_compat.collate_ai_ci("a ", "a") != 0  # NO PAD, like utf8mb4_0900_ai_ci
-    assert mysql_compat.collate_ai_ci("?", "7") < 0 < mysql_compat.collate_ai_ci("b", "A")
+    assert mysql_functions.collate_ai_ci("Émile", "emile") == 0
+    assert mysql_functions.collate_ai_ci("Straße", "STRASSE") == 0
+    assert mysql_functions.collate_ai_ci("a ", "a") != 0  # NO PAD, like utf8mb4_0900_ai_ci
+    assert mysql_functions.collate_ai_ci("?", "7") < 0 < mysql_functions.collate_ai_ci("b", "A")
 
 
 def test_unknown_backticked_column_is_an_error_not_a_string(sqlite_backend):

@@ -6,7 +6,7 @@ import pytest
 
 from harness_envs.dbbench.benchmark import KNOBS
 from harness_envs.base import RESULT_KEYS, Episode, check_result
-from harness_envs.dbbench import harness as dbh
+from harness_envs.dbbench import harness as dbbench_harness
 from harness_envs.dbbench import taxonomy
 from harness_envs.dbbench.backends import hash_rows
 from harness_envs.dbbench.data import DBTask, Table
@@ -64,7 +64,7 @@ def run(task, replies, backend, **knobs):
     ("Action: Answer\nFinal Answer:", "answer", ""),
 ])
 def test_strict_parser_accepts(reply, kind, value):
-    a = dbh.parse_strict(reply)
+    a = dbbench_harness.parse_strict(reply)
     assert a.kind == kind and (a.sql if kind == "sql" else a.answer) == value
 
 
@@ -80,13 +80,13 @@ def test_strict_parser_accepts(reply, kind, value):
     "action: operation\n```sql\nSELECT 1\n```",
 ])
 def test_strict_parser_rejects(reply):
-    assert dbh.parse_strict(reply).kind == "malformed"
+    assert dbbench_harness.parse_strict(reply).kind == "malformed"
 
 
 def test_strict_operation_with_trailing_space_is_not_an_operation():
     # "Action: Operation \n" is not exactly "Operation": the reply is read as an answer attempt.
-    assert dbh.parse_strict("Action: Operation \n```sql\nSELECT 1\n```").kind == "malformed"
-    a = dbh.parse_strict("Action: Operation \n```sql\nSELECT 1\n```\nFinal Answer: 3")
+    assert dbbench_harness.parse_strict("Action: Operation \n```sql\nSELECT 1\n```").kind == "malformed"
+    a = dbbench_harness.parse_strict("Action: Operation \n```sql\nSELECT 1\n```\nFinal Answer: 3")
     assert a.kind == "answer" and a.answer == " 3"
 
 
@@ -102,13 +102,13 @@ def test_strict_operation_with_trailing_space_is_not_an_operation():
     ("Action: Operation\n```sql\nSELECT 1\n```", "sql", "SELECT 1"),  # strict results unchanged
 ])
 def test_lenient_parser_repairs(reply, kind, value):
-    a = dbh.parse_lenient(reply)
+    a = dbbench_harness.parse_lenient(reply)
     assert a.kind == kind and (a.sql if kind == "sql" else a.answer) == value
 
 
 @pytest.mark.parametrize("reply", ["", "I am thinking.", "```python\nprint(1)\n```", "Action: Answer\nno idea"])
 def test_lenient_parser_still_rejects(reply):
-    assert dbh.parse_lenient(reply).kind == "malformed"
+    assert dbbench_harness.parse_lenient(reply).kind == "malformed"
 
 
 # ------------------------------------------------------------------ history, instruction, observations
@@ -125,10 +125,10 @@ def test_initial_history_is_the_published_one(backend):
 
 
 def test_instruction_variants_and_hint():
-    texts = {v: dbh.render_instruction(BASE.with_knobs(instruction=v)) for v in ("agentbench", "schema_first", "concise")}
+    texts = {v: dbbench_harness.render_instruction(BASE.with_knobs(instruction=v)) for v in ("agentbench", "schema_first", "concise")}
     assert len(set(texts.values())) == 3
     assert "LIMIT 3" in texts["schema_first"] and texts["schema_first"].startswith(texts["agentbench"])
-    hinted = dbh.render_instruction(BASE.with_knobs(hint="Count rows with COUNT(*)."))
+    hinted = dbbench_harness.render_instruction(BASE.with_knobs(hint="Count rows with COUNT(*)."))
     assert hinted == texts["agentbench"] + "\nHint: Count rows with COUNT(*)."
 
 
@@ -150,13 +150,13 @@ def test_observation_is_raw_and_cut_at_800(backend):
 def test_error_observation_and_schema_reminder(backend):
     ep = run(SELECT_TASK, [op("SELECT nonexistent FROM cities")], backend)
     obs = ep.messages()[-1]["content"]
-    assert "nonexistent" in obs and dbh.SCHEMA_REMINDER_LEAD not in obs and ep._turns[-1].ok is False
+    assert "nonexistent" in obs and dbbench_harness.SCHEMA_REMINDER_LEAD not in obs and ep._turns[-1].ok is False
     ep2 = run(SELECT_TASK, [op("SELECT nonexistent FROM cities"), op("SELECT 1")], backend,
               schema_reminder_on_error=True)
     first, second = ep2.messages()[4]["content"], ep2.messages()[6]["content"]
     assert first.startswith(obs) and first.endswith(
         "\nReminder: the table `cities` has the columns: `name`, `country`, `population`.")
-    assert dbh.SCHEMA_REMINDER_LEAD not in second  # only on errors
+    assert dbbench_harness.SCHEMA_REMINDER_LEAD not in second  # only on errors
     ep.abort("t"), ep2.abort("t")
 
 
@@ -243,7 +243,7 @@ def test_verify_before_answer(backend):
     ep = run(SELECT_TASK, [ans(["City08"]), op("SELECT name FROM cities WHERE population = '7000'"), ans(["City07"])],
              backend, verify_before_answer=True)
     r = ep.result()
-    assert r["success"] and r["turns"][0]["feedback"] == "verify" and r["turns"][0]["observation"] == dbh.VERIFY_PROMPT
+    assert r["success"] and r["turns"][0]["feedback"] == "verify" and r["turns"][0]["observation"] == dbbench_harness.VERIFY_PROMPT
     # one prompt per episode: the second premature answer is accepted
     ep = run(SELECT_TASK, [ans(["City08"]), ans(["City08"])], backend, verify_before_answer=True)
     assert ep.result()["failure_mode"] == "answered_without_querying" and ep.turn == 2

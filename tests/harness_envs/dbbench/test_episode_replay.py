@@ -61,7 +61,7 @@ def test_gold_replay_sqlite():
 
 def _mariadb_available():
     try:
-        from harness_envs.dbbench.mariadb_backend import is_available
+        from harness_envs.dbbench.mariadb_server import is_available
     except ImportError:
         return False
     return is_available()

@@ -1,7 +1,7 @@
 """Scripted SWE-Gym agents: the gold patch as editor calls, the oracle resolving under every harness,
 and the locality matrix: each slip fails under the base harness with its failure mode and is
 repaired by its own sibling and by no other harness of the pool. On the tiny cache, so it always runs;
-the same matrix on the built offline cache is benchmarks/swegym_bench.py."""
+the same matrix on the built offline cache is perf/swegym_bench.py."""
 import dataclasses
 import subprocess
 

@@ -17,8 +17,9 @@ import tarfile
 import pytest
 
 from harness_envs.swegym.builder import gitrepo, pipeline, statements
-from harness_envs.swegym.builder.pipeline import Config, build_package, cache_root, remove_tests, validate
 from harness_envs.swegym.builder.packages import PACKAGES, SPLITS, Package, select
+from harness_envs.swegym.builder.pipeline import Config, build_package, cache_root, validate
+from harness_envs.swegym.builder.removed_tests import remove_tests
 from harness_envs.swegym.builder.testrun import Failure, parse_failures
 from harness_envs.swegym.instances import load_jsonl
 from harness_envs.swegym.local_runtime import LocalRuntime

@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from harness_envs import sandbox as sb
-from harness_envs.swegym import container_runtime as cr
+from harness_envs import sandbox
+from harness_envs.swegym import container_runtime
 from harness_envs.swegym import scoring
 from harness_envs.swegym.runtime import WorkspaceError
 from tests.harness_envs.swegym.toy_repo import git, make_toy
@@ -64,7 +64,7 @@ else:
     sys.exit("fake docker: unknown command " + command)
 '''
 FAST_PYTEST = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider"
-LIMITS = sb.Limits(wall_s=30, memory_mb=2048, nproc=64, output_chars=5000)
+LIMITS = sandbox.Limits(wall_s=30, memory_mb=2048, nproc=64, output_chars=5000)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def docker(toy, tmp_path, monkeypatch):
     (state / "images").mkdir(parents=True)
     (bin_dir / "docker").write_text(FAKE_DOCKER.replace("{python}", sys.executable))
     (bin_dir / "docker").chmod(0o755)
-    image = state / "images" / cr.image_name(toy.instance).replace("/", "_")
+    image = state / "images" / container_runtime.image_name(toy.instance).replace("/", "_")
     git(tmp_path, "clone", "-q", str(toy.repos_dir / "acme__calc.git"), str(image))
     git(image, "checkout", "-q", toy.instance.base_commit)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
@@ -89,7 +89,7 @@ def docker(toy, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_DOCKER_STATE", str(state))
     monkeypatch.setenv("FAKE_DOCKER_ROOT", str(root))
     venv_bin = os.path.join(os.path.realpath(toy.venvs_dir / "acme__calc"), "bin")
-    runtime = cr.ContainerRuntime("docker", workdir=str(root), limits=LIMITS,
+    runtime = container_runtime.ContainerRuntime("docker", workdir=str(root), limits=LIMITS,
                                   activate=f"export PATH={venv_bin}:$PATH HSJAX_ACTIVATED=yes")
     return runtime, state, root
 
@@ -100,18 +100,18 @@ def _calls(state) -> list[list[str]]:
 
 def test_image_names_follow_swe_gym():
     toy_like = type("I", (), {"instance_id": "getmoto__moto-5752", "extra": {}})()
-    assert cr.image_name(toy_like) == "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752"
+    assert container_runtime.image_name(toy_like) == "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752"
     toy_like.extra = {"image_name": "my/registry:tag"}
-    assert cr.image_name(toy_like) == "my/registry:tag"
+    assert container_runtime.image_name(toy_like) == "my/registry:tag"
     with pytest.raises(WorkspaceError, match="not found on PATH"):
-        cr.ContainerRuntime(cli="no-such-container-cli")
+        container_runtime.ContainerRuntime(cli="no-such-container-cli")
 
 
 def test_a_container_workspace_runs_edits_and_diffs(toy, docker):
     runtime, state, root = docker
     ws = runtime.workspace(toy.instance)
     run = _calls(state)[0]
-    assert run[:2] == ["run", "-d"] and run[-3:] == [cr.image_name(toy.instance), "sleep", "infinity"]
+    assert run[:2] == ["run", "-d"] and run[-3:] == [container_runtime.image_name(toy.instance), "sleep", "infinity"]
     for flag, value in (("--network", "none"), ("--memory", "2048m"), ("--memory-swap", "2048m"),
                         ("--pids-limit", "64")):
         assert run[run.index(flag) + 1] == value

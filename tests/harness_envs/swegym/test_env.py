@@ -8,15 +8,15 @@ import tempfile
 
 import pytest
 
-from harness_envs import sandbox as sb
+from harness_envs import sandbox
 from harness_envs.base import RESULT_KEYS, Episode, check_result
 from harness_envs.registry import make_benchmark
-from harness_envs.swegym import harness as swh
+from harness_envs.swegym import harness as swegym_harness
 from harness_envs.swegym import taxonomy, tools
 from harness_envs.swegym.scoring import Report
 from tests.harness_envs.swegym.tiny_cache import make_cache
 
-call = swh.format_call
+call = swegym_harness.format_call
 FIX = ("range(len(items) - size)", "range(len(items) - size + 1)")
 
 
@@ -78,7 +78,7 @@ def test_an_episode_fixes_the_issue_and_records_it(bench, task):
 
 # Hiding the cache is bubblewrap's (harness_envs/swegym/local_runtime.py: without it commands read
 # the whole machine); CI installs it (.ci/install_bubblewrap.sh).
-@pytest.mark.skipif(sb.isolation() != "bwrap",
+@pytest.mark.skipif(sandbox.isolation() != "bwrap",
                     reason="NOT EXERCISED: bubblewrap (bwrap) is not installed or does not run here")
 def test_agent_commands_cannot_read_the_cache_wherever_it_lives():
     """The cache holds the gold patches and pristine sources; here it lives outside both the checkout
@@ -124,7 +124,7 @@ def test_a_finish_without_changes_is_no_edit_unless_verify_holds_it_back(bench, 
     r = ep.result()
     assert r["failure_mode"] == "no_edit" and r["report"]["failure"] == "empty_patch" and r["score_seconds"] < 0.5
     ep, _ = play(bench, task, base.with_knobs(verify_before_answer=True), [FINISH, edit_fix, FINISH])
-    assert ep.messages()[3]["content"] == swh.VERIFY_PROMPT and ep.result()["success"]
+    assert ep.messages()[3]["content"] == swegym_harness.VERIFY_PROMPT and ep.result()["success"]
     bad = call("str_replace_editor", command="str_replace", path="{root}", old_str="nope", new_str="x")
     ep, _ = play(bench, task, base, [lambda root: bad.replace("{root}", f"{root}/textkit/core.py"), FINISH])
     assert ep.result()["failure_mode"] == "edit_failed" and ep.result()["failed_edits"] == 1
@@ -132,13 +132,13 @@ def test_a_finish_without_changes_is_no_edit_unless_verify_holds_it_back(bench, 
 
 def test_reproduce_first_refuses_edits_until_python_ran(bench, task):
     spec = bench.load_pool()["reproduce_first"]
-    assert swh.REPRODUCE_RULE in bench.initial_messages(task, spec)[1]["content"]
+    assert swegym_harness.REPRODUCE_RULE in bench.initial_messages(task, spec)[1]["content"]
     create = lambda root: call("str_replace_editor", command="create", path=f"{root}/repro.py",  # noqa: E731
                                file_text="from textkit.core import window\nassert len(window([1, 2, 3], 2)) == 2\n")
     ep, root = play(bench, task, spec, [edit_fix, create, bash("grep -n window textkit/core.py"), edit_fix])
     observations = [m["content"] for m in ep.messages() if m["role"] == "user"][1:]
-    assert swh.REPRODUCE_REFUSAL in observations[0] and "File created" in observations[1]
-    assert swh.REPRODUCE_REFUSAL in observations[3]  # grep ran no Python
+    assert swegym_harness.REPRODUCE_REFUSAL in observations[0] and "File created" in observations[1]
+    assert swegym_harness.REPRODUCE_REFUSAL in observations[3]  # grep ran no Python
     ep.step(bash("python repro.py"))
     assert "exit code 1" in ep.messages()[-1]["content"]
     ep.step(edit_fix(root))
@@ -154,15 +154,15 @@ def test_test_after_edit_reruns_the_failing_reproduction(bench, task):
     guess = lambda root: call("str_replace_editor", command="insert", path=f"{root}/textkit/core.py",  # noqa: E731
                               insert_line=27, new_str="    # fixed?")
     ep, root = play(bench, task, spec, [edit_fix])
-    assert swh.RETEST_LEAD not in ep.messages()[-1]["content"]  # nothing to rerun yet
+    assert swegym_harness.RETEST_LEAD not in ep.messages()[-1]["content"]  # nothing to rerun yet
     ep.step(call("str_replace_editor", command="undo_edit", path=f"{root}/textkit/core.py"))
     ep.step(bash("cd textkit && " + repro.replace("python", "python -B")))
     ep.step(bash("python -c 'print(1)'"))  # a later passing Python command does not replace the failing one
     ep.step(guess(root))
     last = ep.messages()[-1]["content"]
-    assert swh.RETEST_LEAD in last and "AssertionError" in last and "exit code 1" in last
+    assert swegym_harness.RETEST_LEAD in last and "AssertionError" in last and "exit code 1" in last
     ep.step(edit_fix(root))
-    assert "exit code 0" in ep.messages()[-1]["content"].split(swh.RETEST_LEAD)[1]
+    assert "exit code 0" in ep.messages()[-1]["content"].split(swegym_harness.RETEST_LEAD)[1]
 
 
 def test_compression_condenses_older_observations_to_one_line(bench, task):

@@ -13,17 +13,17 @@ import uuid
 
 import pytest
 
-from harness_envs import sandbox as sb
-from harness_envs.swegym import local_runtime as lr
+from harness_envs import sandbox
+from harness_envs.swegym import local_runtime
 from harness_envs.swegym.runtime import WorkspaceError, files_of_tests
 from tests.harness_envs.swegym.toy_repo import make_toy
 
-needs_bwrap = pytest.mark.skipif(sb.isolation() != "bwrap",
+needs_bwrap = pytest.mark.skipif(sandbox.isolation() != "bwrap",
                                  reason="NOT EXERCISED: bubblewrap (bwrap) is not installed or does not run here")
-needs_own_uids = pytest.mark.skipif(os.geteuid() != 0 or sb.isolation() != "bwrap",
+needs_own_uids = pytest.mark.skipif(os.geteuid() != 0 or sandbox.isolation() != "bwrap",
                                     reason="NOT EXERCISED: commands run as a leased uid only when the tests run as "
                                            "root with bubblewrap")
-LIMITS = sb.Limits(wall_s=20, cpu_s=60, memory_mb=4096, file_mb=8, open_files=256, output_chars=5000)
+LIMITS = sandbox.Limits(wall_s=20, cpu_s=60, memory_mb=4096, file_mb=8, open_files=256, output_chars=5000)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def toy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runtime(toy):
-    return lr.LocalRuntime(toy.repos_dir, toy.venvs_dir, LIMITS)
+    return local_runtime.LocalRuntime(toy.repos_dir, toy.venvs_dir, LIMITS)
 
 
 @pytest.fixture
@@ -81,12 +81,13 @@ def test_the_source_repository_the_project_and_other_episodes_are_hidden(where):
     base = pathlib.Path(tempfile.mkdtemp(prefix="hsjax-test-", dir=where))
     try:
         toy = make_toy(base)
-        runtime = lr.LocalRuntime(toy.repos_dir, toy.venvs_dir, LIMITS, tmp_root=str(base))
+        runtime = local_runtime.LocalRuntime(toy.repos_dir, toy.venvs_dir, LIMITS, tmp_root=str(base))
         with runtime.workspace(toy.instance) as ws, runtime.workspace(toy.instance) as other:
             fetch = ws.run(f"git fetch --depth 1 file://{toy.repos_dir}/acme__calc.git {toy.fixed_commit}")
             assert fetch.returncode != 0 and ws.run(f"git cat-file -e {toy.fixed_commit}").returncode != 0
             assert ws.run(f"ls -A {toy.repos_dir} {base}/src 2>/dev/null").output == ""
-            assert set(ws.run(f"ls -A {lr.PROJECT_ROOT}").output.split()) <= {".venv"}  # the venv alone is shown
+            shown = ws.run(f"ls -A {local_runtime.PROJECT_ROOT}").output.split()
+            assert set(shown) <= {".venv"}  # the venv alone is shown
             assert ws.run(f"ls -A {other.root}").returncode != 0 and os.path.isdir(os.path.join(other.root, "calc"))
     finally:
         shutil.rmtree(base)
@@ -142,10 +143,10 @@ def test_no_network(ws):
 def test_writes_outside_the_tree_stay_out_of_the_host(toy, ws):
     name = f"hsjax-escape-{uuid.uuid4().hex}"
     result = ws.run(f"echo x > /tmp/{name} && cat /tmp/{name}; echo y > {toy.repos_dir}/{name}; "
-                    f"echo z > {lr.PROJECT_ROOT}/{name}; echo w > /etc/{name}; touch ../{name}")
+                    f"echo z > {local_runtime.PROJECT_ROOT}/{name}; echo w > /etc/{name}; touch ../{name}")
     beside = os.path.join(os.path.dirname(ws.root), name)
     assert "x" in result.output and "Read-only file system" in result.output
-    for path in (f"/tmp/{name}", toy.repos_dir / name, lr.PROJECT_ROOT / name, f"/etc/{name}", beside):
+    for path in (f"/tmp/{name}", toy.repos_dir / name, local_runtime.PROJECT_ROOT / name, f"/etc/{name}", beside):
         assert not os.path.exists(path), path
     assert ws.run(f"cat /tmp/{name}").output == "x\n"  # the private /tmp lasts the episode
     assert sorted(os.listdir(toy.repos_dir)) == ["acme__calc.git"]
@@ -177,10 +178,10 @@ def test_no_process_outlives_its_command(ws):
 @needs_own_uids
 def test_commands_run_as_a_uid_of_the_workspace_that_cannot_regain_root(toy, runtime, ws):
     uid = ws.user.uid
-    assert uid in sb.SANDBOX_UIDS and runtime.limits.nproc == lr.SANDBOX_NPROC
+    assert uid in sandbox.SANDBOX_UIDS and runtime.limits.nproc == local_runtime.SANDBOX_NPROC
     who = ws.run("id -u; id -g; id -G; ulimit -u; grep -E '^(CapPrm|CapEff|NoNewPrivs)' /proc/self/status; "
                  "python -c 'import os; os.setuid(0)' 2>&1 | tail -1; touch $VIRTUAL_ENV/planted 2>&1")
-    assert who.output.splitlines()[:4] == [str(uid)] * 3 + [str(lr.SANDBOX_NPROC)]
+    assert who.output.splitlines()[:4] == [str(uid)] * 3 + [str(local_runtime.SANDBOX_NPROC)]
     for line in ("CapPrm:\t0000000000000000", "CapEff:\t0000000000000000", "NoNewPrivs:\t1", "PermissionError"):
         assert line in who.output
     assert "Read-only file system" in who.output and not os.path.exists(os.path.join(ws._venv, "planted"))
@@ -199,10 +200,10 @@ def test_commands_run_as_a_uid_of_the_workspace_that_cannot_regain_root(toy, run
         lease = other.user
         assert lease.uid != uid and other.run("id -u").output.strip() == str(lease.uid)
         with pytest.raises(RuntimeError, match="leased"):
-            sb.SandboxUser.lease(range(lease.uid, lease.uid + 1))
+            sandbox.SandboxUser.lease(range(lease.uid, lease.uid + 1))
     assert other.user is None and lease._lock_fd is None  # released (another process may lease it now)
     # uids=None keeps the old way: commands as this process's uid, no process limit added.
-    legacy = lr.LocalRuntime(toy.repos_dir, toy.venvs_dir, LIMITS, uids=None)
+    legacy = local_runtime.LocalRuntime(toy.repos_dir, toy.venvs_dir, LIMITS, uids=None)
     assert legacy.limits.nproc is None
     with legacy.workspace(toy.instance) as mine:
         assert mine.user is None and mine.run("id -u").output.strip() == "0"
@@ -214,7 +215,7 @@ def test_a_fork_bomb_meets_the_process_limit_of_its_uid(toy):
     pass the limit, another workspace works on meanwhile, and nothing of the uid survives. (A
     background sleep keeps the command, and so the bomb, going until the wall clock.)"""
     nproc = 64
-    capped = lr.LocalRuntime(toy.repos_dir, toy.venvs_dir, dataclasses.replace(LIMITS, nproc=nproc, wall_s=4))
+    capped = local_runtime.LocalRuntime(toy.repos_dir, toy.venvs_dir, dataclasses.replace(LIMITS, nproc=nproc, wall_s=4))
     with capped.workspace(toy.instance) as ws, capped.workspace(toy.instance) as other:
         uid = ws.user.uid
         # The drop first, with a harmless command: a bomb that ran as root would meet no limit at all.
@@ -293,11 +294,11 @@ def test_missing_repository_venv_or_commit_are_clear_errors(toy, runtime, tmp_pa
     with pytest.raises(WorkspaceError, match="no repository for acme/other"):
         runtime.workspace(dataclasses.replace(toy.instance, repo="acme/other"))
     with pytest.raises(WorkspaceError, match="no virtual environment"):
-        lr.LocalRuntime(toy.repos_dir, tmp_path).workspace(toy.instance)
+        local_runtime.LocalRuntime(toy.repos_dir, tmp_path).workspace(toy.instance)
     work = tmp_path / "work"
     work.mkdir()
     with pytest.raises(WorkspaceError, match="is not in"):
-        lr.LocalRuntime(toy.repos_dir, toy.venvs_dir, tmp_root=str(work)).workspace(
+        local_runtime.LocalRuntime(toy.repos_dir, toy.venvs_dir, tmp_root=str(work)).workspace(
             dataclasses.replace(toy.instance, base_commit="0" * 40))
     assert os.listdir(work) == []  # the half-made workspace is gone
     planted = tmp_path / "planted"

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from harness_envs import sandbox as sb
+from harness_envs import sandbox
 from harness_envs.swegym import scoring
 from harness_envs.swegym.local_runtime import LocalRuntime
 from tests.harness_envs.swegym.toy_repo import OPS, TESTS, make_toy
 
 FAST_PYTEST = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider -W ignore::DeprecationWarning"
-needs_bwrap = pytest.mark.skipif(sb.isolation() != "bwrap",
+needs_bwrap = pytest.mark.skipif(sandbox.isolation() != "bwrap",
                                  reason="NOT EXERCISED: bubblewrap (bwrap) is not installed or does not run here")
 
 STATUS_TESTS = '''import pytest
@@ -145,7 +145,7 @@ def toy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runtime(toy):
-    return LocalRuntime(toy.repos_dir, toy.venvs_dir, sb.Limits(wall_s=60, cpu_s=120, memory_mb=4096, file_mb=64,
+    return LocalRuntime(toy.repos_dir, toy.venvs_dir, sandbox.Limits(wall_s=60, cpu_s=120, memory_mb=4096, file_mb=64,
                                                                 open_files=256, output_chars=20_000))
 
 

@@ -3,7 +3,7 @@ view numbering and windows, create/str_replace/insert/undo_edit, the error obser
 and the compile check; execute_bash's exit line, working directory and time-out."""
 import pytest
 
-from harness_envs.swegym import harness as swh
+from harness_envs.swegym import harness as swegym_harness
 from harness_envs.swegym import tools
 from harness_envs.swegym.instances import load_jsonl
 from harness_envs.swegym.local_runtime import LocalRuntime
@@ -80,7 +80,7 @@ def test_str_replace_needs_exactly_one_occurrence(ws):
     ed = tools.Editor(ws)
     before = ws.read_file(core(ws))
     res = ed.call({"command": "str_replace", "path": core(ws), "old_str": "return nothing", "new_str": "x"})
-    assert res.error == "not_found" and "does not occur verbatim" in res.body and swh.HINT_LEAD not in res.body
+    assert res.error == "not_found" and "does not occur verbatim" in res.body and swegym_harness.HINT_LEAD not in res.body
     res = ed.call({"command": "str_replace", "path": core(ws), "old_str": "    values = list(values)\n", "new_str": ""})
     assert res.error == "not_unique" and "occurs 2 times" in res.body and "at lines [18, 49]" in res.body
     res = ed.call({"command": "str_replace", "path": core(ws), "old_str": "range(len(items) - size)",
@@ -129,7 +129,7 @@ def test_the_hint_shows_the_real_lines_after_a_failed_str_replace(ws):
     ed = tools.Editor(ws, hint=True)
     wrong = "      if value > high:\n          return high"  # two spaces too deep
     res = ed.call({"command": "str_replace", "path": core(ws), "old_str": wrong, "new_str": "x"})
-    assert res.error == "not_found" and swh.HINT_LEAD in res.body
+    assert res.error == "not_found" and swegym_harness.HINT_LEAD in res.body
     assert "lines 37-38 hold the same text with different whitespace" in res.body
     assert "    37\t    if value > high:\n    38\t        return high" in res.body
     res = ed.call({"command": "str_replace", "path": core(ws), "old_str": "    if value > hihg:\n        return hgih",
@@ -148,10 +148,10 @@ def test_the_compile_check_reports_or_refuses_a_broken_edit(ws):
     assert tools.Editor(ws).call(broken).ok  # off: nothing said
     tools.Editor(ws).workspace.write_file(core(ws), before)
     res = tools.Editor(ws, lint="report").call(broken)
-    assert res.ok and swh.LINT_LEAD in res.body and "SyntaxError" in res.body and ws.read_file(core(ws)) != before
+    assert res.ok and swegym_harness.LINT_LEAD in res.body and "SyntaxError" in res.body and ws.read_file(core(ws)) != before
     ws.write_file(core(ws), before)
     res = tools.Editor(ws, lint="refuse").call(broken)
-    assert res.error == "lint" and "edit refused" in res.body and swh.LINT_LEAD in res.body
+    assert res.error == "lint" and "edit refused" in res.body and swegym_harness.LINT_LEAD in res.body
     assert ws.read_file(core(ws)) == before
     ed = tools.Editor(ws, lint="refuse")
     assert ed.call({"command": "create", "path": f"{ws.root}/notes.txt", "file_text": "def (\n"}).ok  # not Python

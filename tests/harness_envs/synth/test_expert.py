@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from harness_envs import harness as hz
+from harness_envs import harness
 from harness_envs.dbbench.benchmark import KNOBS
 from harness_envs.dbbench import make_backend
 from harness_envs.dbbench.env import DBBenchEpisode
@@ -15,7 +15,7 @@ from hsjax.rollout.engine import collect
 
 BASE = KNOBS.base()
 
-POOL = hz.load_pool(pathlib.Path(__file__).resolve().parents[3] / "harness_envs/pools/dbbench_siblings.json", KNOBS)
+POOL = harness.load_pool(pathlib.Path(__file__).resolve().parents[3] / "harness_envs/pools/dbbench_siblings.json", KNOBS)
 
 
 @pytest.fixture(scope="module")

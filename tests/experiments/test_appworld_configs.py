@@ -7,7 +7,7 @@ import pytest
 from hsjax.infra import experiments
 from hsjax.infra.metrics import read_metrics
 from hsjax.modes import evaluate, evolve, rank1, train
-from tests.modes.test_config_reads import covered, never_read
+from tests.experiments.config_reads import covered, never_read
 
 
 @pytest.mark.parametrize("variant", ["eval", "demo"])

@@ -9,7 +9,7 @@ from hsjax.infra import experiments
 from hsjax.infra.metrics import read_metrics
 from hsjax.modes import evaluate, evolve, rank1, train
 from tests.harness_envs.swegym.tiny_cache import make_cache
-from tests.modes.test_config_reads import covered, never_read
+from tests.experiments.config_reads import covered, never_read
 
 
 @pytest.fixture(scope="module")

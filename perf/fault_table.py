@@ -1,7 +1,7 @@
 """Faults x outcome: `run.py ... :eval` against hostile OpenAI-compatible servers on 127.0.0.1.
 
-    python benchmarks/fault_table.py            # about 2 minutes on a 2-core CPU
-    python benchmarks/fault_table.py --tasks 24
+    python perf/fault_table.py            # about 2 minutes on a 2-core CPU
+    python perf/fault_table.py --tasks 24
 
 Each row is one real evaluation (DBBench dev, `--tasks` tasks, HTTP policy) whose server plays the
 oracle agent except for the fault: one task's requests fail in one way, its replies are hostile, or

@@ -2,8 +2,8 @@
 shipped warm start) with one process over N CPU devices and with two processes over N/2 devices
 each, coordinated on 127.0.0.1 (the layout of a two-host run, rehearsed on one machine).
 
-    python benchmarks/multihost_bench.py                 # 4 devices, 3 steps, G = 8
-    python benchmarks/multihost_bench.py --steps 5 --groups 16 --devices 8
+    python perf/multihost_bench.py                 # 4 devices, 3 steps, G = 8
+    python perf/multihost_bench.py --steps 5 --groups 16 --devices 8
 
 Prints seconds per step (rollouts, update, whole step, the compile step left out), the parameters'
 largest difference between the two runs, and whether their metrics agree. On one machine the two
@@ -87,7 +87,7 @@ def main():
         rows_one, rows_two = read_metrics(one), read_metrics(two)
         same_rollouts = all(r1[k] == r2[k] for r1, r2 in zip(rows_one, rows_two)
                             for k in ("reward/mean", "rollouts/total", "rescue/groups_rolled", "tokens/generated"))
-    print(f"\n`python benchmarks/multihost_bench.py --steps {args.steps} --groups {args.groups} "
+    print(f"\n`python perf/multihost_bench.py --steps {args.steps} --groups {args.groups} "
           f"--devices {args.devices}` (mean of steps 2..{args.steps})\n")
     print("| layout | rollout s/step | update s/step | s/step |")
     print("|---|---|---|---|")

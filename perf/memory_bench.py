@@ -9,9 +9,9 @@ step (`compiled.memory_analysis()`). The parent polls the child's VmRSS and
 kills it above `--limit-gb`, reporting "> limit": a case that would be OOM-killed on a shared
 machine is a result too.
 
-    python benchmarks/memory_bench.py                       # T = 512, 1024, 2048, about 5 minutes
-    python benchmarks/memory_bench.py --T 2048 --micro-batches 4 --remat
-    python benchmarks/memory_bench.py --demo                # + README's demo (slow: 6-15 minutes)
+    python perf/memory_bench.py                       # T = 512, 1024, 2048, about 5 minutes
+    python perf/memory_bench.py --T 2048 --micro-batches 4 --remat
+    python perf/memory_bench.py --demo                # + README's demo (slow: 6-15 minutes)
 
 `--demo` runs `python run.py --config experiments/testbed.py:demo` in a temporary workdir and
 samples the resident memory of its whole process tree every 0.2 s (the demo starts voter servers
@@ -165,7 +165,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.child:
         return child_step(args)
-    command = " ".join(["python", "benchmarks/memory_bench.py"] + (sys.argv[1:] if argv is None else argv))
+    command = " ".join(["python", "perf/memory_bench.py"] + (sys.argv[1:] if argv is None else argv))
     B = args.groups * (args.n + args.R)
     print(f"memory_bench: tiny policy, {B} rows, {args.micro_batches} micro-batches, "
           f"remat {args.remat}, kill above {args.limit_gb} GiB", flush=True)

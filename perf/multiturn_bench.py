@@ -20,8 +20,8 @@ Sides:
 Each side runs one warm-up batch of episodes (JAX compiles a program per turn shape), then
 `--reps` timed ones (median; transformers `--hf-reps`).
 
-    python benchmarks/multiturn_bench.py                       # batch 32 and 64, 8 turns
-    python benchmarks/multiturn_bench.py --batches 8 --turns 4 --skip-hf
+    python perf/multiturn_bench.py                       # batch 32 and 64, 8 turns
+    python perf/multiturn_bench.py --batches 8 --turns 4 --skip-hf
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def main(argv=None):
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--out", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
-    command = "python benchmarks/multiturn_bench.py " + " ".join(
+    command = "python perf/multiturn_bench.py " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     header = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": f"{platform.machine()} {os.cpu_count()} cpus, jax {jax.__version__} on "

@@ -1,9 +1,9 @@
 """A benchmark of this checkout beside the same benchmark at another git revision, run alternately
 on the same machine, so that a change is judged by a ratio against its peer, not by absolute figures.
 
-    python benchmarks/compare_revisions.py --base 8f237ba --rounds 2 -- --batches 1 8 64
+    python perf/compare_revisions.py --base 8f237ba --rounds 2 -- --batches 1 8 64
 
-Each round runs `benchmarks/rollout_bench.py <args> --out ...` once in a temporary worktree of
+Each round runs `perf/rollout_bench.py <args> --out ...` once in a temporary worktree of
 `--base` and once here (alternating which goes first), then prints per batch the median JAX tok/s of
 each side, their ratio, and the same ratio for transformers `generate`, which is the same code on
 both sides: its ratio shows how much the machine drifted between the runs.
@@ -24,7 +24,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def run_bench(checkout: pathlib.Path, bench_args: list[str], out: pathlib.Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(checkout), "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    cmd = [sys.executable, "benchmarks/rollout_bench.py", *bench_args, "--out", str(out)]
+    cmd = [sys.executable, "perf/rollout_bench.py", *bench_args, "--out", str(out)]
     subprocess.run(cmd, cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         drift = f"{hf_here[b] / hf_base[b]:.3f}" if b in hf_here and b in hf_base else "-"
         print(f"| {b:>5} | {jax_base[b]:>14.0f} | {jax_here[b]:>14.0f} | {jax_here[b] / jax_base[b]:>11.3f} | "
               f"{drift:>22} |")
-    print(f"reproduce: python benchmarks/compare_revisions.py --base {args.base} --rounds {args.rounds} -- "
+    print(f"reproduce: python perf/compare_revisions.py --base {args.base} --rounds {args.rounds} -- "
           + " ".join(bench_args))
     return 0
 

@@ -1,10 +1,10 @@
 """SWE-Gym figures: the resolved rate of the oracle and of each scripted slip under every harness of
 the shipped pool (the locality matrix), with the base harness's failure modes and the time per episode.
 
-    python benchmarks/swegym_bench.py                       # the offline cache's test split
-    python benchmarks/swegym_bench.py --split train --limit 4
-    python benchmarks/swegym_bench.py --cache-dir /tmp/tiny  # any cache laid out as .cache/swegym
-    python benchmarks/swegym_bench.py --split train --ids pypi__toolz-1,pypi__toolz-4 --slips syntax
+    python perf/swegym_bench.py                       # the offline cache's test split
+    python perf/swegym_bench.py --split train --limit 4
+    python perf/swegym_bench.py --cache-dir /tmp/tiny  # any cache laid out as .cache/swegym
+    python perf/swegym_bench.py --split train --ids pypi__toolz-1,pypi__toolz-4 --slips syntax
 
 Episodes run with a context budget of `CONTEXT_CHARS` characters (about SWE-Gym's 32k tokens), as
 experiments/swegym.py's eval does, so the context_hog slip overflows it.

@@ -4,8 +4,8 @@ The batch is synthetic (random tokens, every row filled to T, a prompt of T/8 un
 rewards that leave some groups all-failed and rescued) and the parameters random: the update's
 cost does not depend on their values. Nothing is downloaded.
 
-    python benchmarks/train_bench.py                  # CPU: tiny model, about a minute
-    python benchmarks/train_bench.py --gpu --out train_bench.json
+    python perf/train_bench.py                  # CPU: tiny model, about a minute
+    python perf/train_bench.py --gpu --out train_bench.json
         # Qwen2-0.5B shapes, T=2048, remat, cuDNN attention, bf16 compute, f32 master weights
 
 MFU = model FLOPs per step / step time / peak, with model FLOPs per token (every token of B x T)
@@ -166,7 +166,7 @@ def print_table(r: dict, command: str) -> None:
 def main(argv=None):
     args = parse_args(argv)
     s = settings(args)
-    command = " ".join(["python", "benchmarks/train_bench.py"] + (sys.argv[1:] if argv is None else argv))
+    command = " ".join(["python", "perf/train_bench.py"] + (sys.argv[1:] if argv is None else argv))
     if args.gpu and jax.default_backend() != "gpu":
         raise SystemExit(f"--gpu asked for, but jax sees backend '{jax.default_backend()}' "
                          f"({jax.devices()}). Install jax with the CUDA plugin on a GPU machine.")

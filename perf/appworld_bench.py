@@ -1,8 +1,8 @@
 """AppWorld (offline world) figures: sandbox overheads, episode step times, and the scores of the
 oracle and of each scripted slip under every harness of the shipped pool (the locality matrix).
 
-    python benchmarks/appworld_bench.py                 # everything, on the dev split
-    python benchmarks/appworld_bench.py --only sandbox --repeats 200
+    python perf/appworld_bench.py                 # everything, on the dev split
+    python perf/appworld_bench.py --only sandbox --repeats 200
 
 Sandbox: process start (first cell) and one cell's round trip per isolation mode, a cell making 10
 API calls through the bridge, against `exec` of the same code in-process. docs/appworld.md quotes
@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 
-from harness_envs import sandbox as sb
+from harness_envs import sandbox
 from harness_envs.appworld import agents
 from harness_envs.registry import make_benchmark
 from hsjax.rollout.policy import SamplingParams
@@ -30,14 +30,14 @@ def sandbox_figures(repeats: int) -> None:
     print("|---|---|---|---|")
     for mode in ("bwrap", "unshare", "none"):
         try:
-            sb.isolation(mode)
+            sandbox.isolation(mode)
         except (RuntimeError, ValueError):  # isolation() refuses a mode that does not run here in one line
             print(f"| {mode} | not available here | | |")
             continue
         starts, cells, calls = [], [], []
         for _ in range(max(3, repeats // 20)):
             t0 = time.perf_counter()
-            with sb.PythonSandbox(isolation_mode=mode, bridge="apis", on_call=lambda p, a, k: 1) as box:
+            with sandbox.PythonSandbox(isolation_mode=mode, bridge="apis", on_call=lambda p, a, k: 1) as box:
                 box.run("x = 1")
                 starts.append(time.perf_counter() - t0)
                 for _ in range(repeats // max(3, repeats // 20)):

@@ -7,8 +7,8 @@ every row generates exactly 64 tokens. Each side is timed end to end (prefill + 
 the policy's `generate`, after one warm-up call (JAX compilation, vLLM's first-call costs); the
 median of `--reps` runs is reported. Needs vLLM (requirements-vllm.txt: its own venv on a CPU):
 
-    VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python benchmarks/vllm_vs_jax_bench.py
-    .venv-vllm/bin/python benchmarks/vllm_vs_jax_bench.py --hf_dir /data/Qwen2.5-0.5B-Instruct --batch 64,256
+    VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python perf/vllm_vs_jax_bench.py
+    .venv-vllm/bin/python perf/vllm_vs_jax_bench.py --hf_dir /data/Qwen2.5-0.5B-Instruct --batch 64,256
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ gives the median step time of each, their ratio, and the gradient norms (equal u
 reordering). The model is the names warm start's shape (`--hf-dir`, default the shipped asset)
 with random weights: the cost does not depend on their values. Nothing is downloaded.
 
-    python benchmarks/length_grouping_bench.py                  # about 3 minutes on 2 CPU cores
+    python perf/length_grouping_bench.py                  # about 3 minutes on 2 CPU cores
 """
 import argparse
 import json
@@ -101,7 +101,7 @@ def run(args) -> dict:
 
 def main(argv=None):
     args = parse_args(argv)
-    command = " ".join(["python", "benchmarks/length_grouping_bench.py"] + (sys.argv[1:] if argv is None else argv))
+    command = " ".join(["python", "perf/length_grouping_bench.py"] + (sys.argv[1:] if argv is None else argv))
     r = run(args)
     print(f"\nGRPO update, padded vs grouped by length ({r['device']}, jax {r['jax']})")
     print(f"  batch: {r['rows']} rows ({r['filled_rows']} filled, {r['tokens']:,} tokens) x T={r['T']}, "

@@ -1,4 +1,4 @@
-"""A PyTorch peer of the GRPO update, at the shapes of `benchmarks/train_bench.py`: tokens/s and MFU.
+"""A PyTorch peer of the GRPO update, at the shapes of `perf/train_bench.py`: tokens/s and MFU.
 
 The compute path TRL's GRPO trainer uses: transformers' Qwen2 with random weights (the config of
 an hsjax preset, `ModelConfig.to_hf_dict`), SDPA attention, gradient checkpointing, float32 master
@@ -9,8 +9,8 @@ micro-batches' gradients add up to the full batch's), global-norm clipping at 1.
 (fused on CUDA). The batch is `train_bench.synthetic_batch` (the same rows, rewards and mask);
 advantages are group-normalised rewards (their values do not change the cost). Eager mode.
 
-    python benchmarks/torch_peer_update.py --gpu --out peer.json   # Qwen2-0.5B, 64 x 2,048, 4 micro
-    python benchmarks/torch_peer_update.py                          # CPU: tiny shapes, seconds
+    python perf/torch_peer_update.py --gpu --out peer.json   # Qwen2-0.5B, 64 x 2,048, 4 micro
+    python perf/torch_peer_update.py                          # CPU: tiny shapes, seconds
 
 MFU uses train_bench's formula and peak (model FLOPs per token 6 * N_matmul + 6 * L * n_heads *
 head_dim * T; 989 TFLOP/s dense bf16), so the two benchmarks' rows compare directly.
@@ -146,7 +146,7 @@ def run(args) -> dict:
 
 def main(argv=None):
     args = parse_args(argv)
-    command = " ".join(["python", "benchmarks/torch_peer_update.py"] + (sys.argv[1:] if argv is None else argv))
+    command = " ".join(["python", "perf/torch_peer_update.py"] + (sys.argv[1:] if argv is None else argv))
     r = run(args)
     r["command"] = command
     mfu = "n/a (CPU)" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"

@@ -1,7 +1,7 @@
 """DBBench environment speed: episode set-up (create + load a table) and one SQL step, per backend.
 
-    python benchmarks/env_bench.py                       # SQLite, and MariaDB when installed
-    python benchmarks/env_bench.py --backends sqlite --repeats 500
+    python perf/env_bench.py                       # SQLite, and MariaDB when installed
+    python perf/env_bench.py --backends sqlite --repeats 500
 
 Set-up is timed on the table of median size (cells) over dev + standard and, separately, over
 every table; a step is one `EpisodeDB.execute` of a typical agent statement on the median table.
@@ -18,7 +18,7 @@ import time
 
 from harness_envs.dbbench import data, make_backend
 from harness_envs.dbbench.backends import mysql_quote_ident
-from harness_envs.dbbench.mariadb_backend import is_available as mariadb_available
+from harness_envs.dbbench.mariadb_server import is_available as mariadb_available
 
 
 def cpu_name() -> str:
@@ -99,7 +99,7 @@ def main(argv=None):
     tasks = data.load_split("dev") + data.load_split("standard")
     print(f"# {time.strftime('%Y-%m-%d')} · {cpu_name()} · "
           f"{os.cpu_count()} CPUs · Python {platform.python_version()}")
-    print(f"# command: python benchmarks/env_bench.py --backends {args.backends} --repeats {args.repeats}")
+    print(f"# command: python perf/env_bench.py --backends {args.backends} --repeats {args.repeats}")
     print("| backend | measure | n | median ms | p90 ms |")
     print("| --- | --- | --- | --- | --- |")
     for kind in args.backends.split(","):

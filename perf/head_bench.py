@@ -7,8 +7,8 @@ head (what the GRPO update differentiates), compiled, median of `--repeats` call
 compiling one. The three paths run side by side, alternating, on the same inputs; the gradients
 are checked to agree. Random weights, float32; nothing is downloaded.
 
-    python benchmarks/head_bench.py                   # CPU: the testbed's tiny head, a 0.5B head
-    python benchmarks/head_bench.py --cases qwen:2x512 --block-mib 64
+    python perf/head_bench.py                   # CPU: the testbed's tiny head, a 0.5B head
+    python perf/head_bench.py --cases qwen:2x512 --block-mib 64
 """
 import argparse
 import statistics
@@ -79,7 +79,7 @@ def one_case(name: str, rows: int, seq: int, budget: int, repeats: int) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     budget = (args.block_mib << 20) if args.block_mib else plan_of().block_bytes
-    command = " ".join(["python", "benchmarks/head_bench.py"] + (sys.argv[1:] if argv is None else argv))
+    command = " ".join(["python", "perf/head_bench.py"] + (sys.argv[1:] if argv is None else argv))
     print(f"head_bench: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
           f"block budget {budget / 2**20:.0f} MiB", flush=True)
     print("\n| case | V x D | logits (MiB) | positions a block | vocab a block | positions (s) "

@@ -11,8 +11,8 @@ throughput as a fraction of the HBM roofline: bytes read per decode step (all we
 cache of the average context) / the bandwidth of a large on-device copy measured in this script.
 With torch + CUDA available, transformers `generate` runs side by side.
 
-    python benchmarks/rollout_bench.py                    # CPU table
-    python benchmarks/rollout_bench.py --gpu --out r.json # GPU row, JSON to r.json
+    python perf/rollout_bench.py                    # CPU table
+    python perf/rollout_bench.py --gpu --out r.json # GPU row, JSON to r.json
 """
 from __future__ import annotations
 
@@ -211,7 +211,7 @@ def main(argv=None):
     args.batches = args.batches or ([64] if args.gpu else [1, 8, 64])
     args.prompt = args.prompt or (512 if args.gpu else 256)
     args.new = args.new or (256 if args.gpu else 128)
-    command = "python benchmarks/rollout_bench.py " + " ".join(
+    command = "python perf/rollout_bench.py " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     header = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": f"{platform.machine()} {os.cpu_count()} cpus, "

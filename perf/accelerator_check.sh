@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 37's accelerator check, in one process tree and at most 6 minutes: the GRPO update
-# (benchmarks/train_bench.py --gpu: Qwen2-0.5B shapes, 64 rows x 2,048 tokens, bf16, remat) with
+# (perf/train_bench.py --gpu: Qwen2-0.5B shapes, 64 rows x 2,048 tokens, bf16, remat) with
 # cuDNN and XLA attention at 4 and 1 micro-batches, the sampler (rollout_bench.py --gpu, JAX only),
 # and the PyTorch peer update of the same shapes (torch_peer_update.py --gpu); then one table with
-# tokens/s, MFU and the ratio hsjax / peer (benchmarks/accelerator_table.py).
+# tokens/s, MFU and the ratio hsjax / peer (perf/accelerator_table.py).
 #
-#   bash benchmarks/accelerator_check.sh               # on a GPU machine, from the repository root
-#   bash benchmarks/accelerator_check.sh --dry-run     # CPU, tiny shapes, under a minute (a test runs it)
+#   bash perf/accelerator_check.sh               # on a GPU machine, from the repository root
+#   bash perf/accelerator_check.sh --dry-run     # CPU, tiny shapes, under a minute (a test runs it)
 #
 # Expects: python3 with jax (CUDA), flax, optax, orbax, chex, torch and transformers (the device
 # image has them). Pure-Python packages missing there (ml_collections, which hsjax's config code
@@ -56,12 +56,12 @@ step() {  # name, limit (s), command...
 
 for attn in "${ATTN[@]}"; do
   for micro in 4 1; do
-    step "update_${attn}_${micro}" "${LIMIT[0]}" $PY benchmarks/train_bench.py $TRAIN \
+    step "update_${attn}_${micro}" "${LIMIT[0]}" $PY perf/train_bench.py $TRAIN \
       --attention "$attn" --micro-batches "$micro" --out "$DIR/update_${attn}_${micro}.json"
   done
 done
 # The sampler's prefill and the peer each take the whole GPU: JAX's preallocation would starve
 # torch, so the peer runs last, in its own process, after every JAX process has ended.
-step sampler "${LIMIT[1]}" $PY benchmarks/rollout_bench.py $SAMPLER --out "$DIR/sampler.json"
-step peer "${LIMIT[2]}" $PY benchmarks/torch_peer_update.py $PEER --micro-batches 4 --out "$DIR/peer.json"
-$PY benchmarks/accelerator_table.py "$DIR"
+step sampler "${LIMIT[1]}" $PY perf/rollout_bench.py $SAMPLER --out "$DIR/sampler.json"
+step peer "${LIMIT[2]}" $PY perf/torch_peer_update.py $PEER --micro-batches 4 --out "$DIR/peer.json"
+$PY perf/accelerator_table.py "$DIR"

@@ -1,6 +1,6 @@
-"""The table of `benchmarks/accelerator_check.sh`: its steps' JSON files, one row each.
+"""The table of `perf/accelerator_check.sh`: its steps' JSON files, one row each.
 
-    python benchmarks/accelerator_table.py accelerator_check/
+    python perf/accelerator_table.py accelerator_check/
 
 Update rows (train_bench.py) and the peer (torch_peer_update.py) give step time, tokens/s and MFU;
 each update row's last column is its tokens/s over the peer's. The sampler row gives end-to-end
@@ -77,7 +77,7 @@ def main(argv=None):
     for row in rows(folder):
         print("| " + " | ".join(row) + " |")
     print("\n" + sampler_line(folder))
-    print("command: bash benchmarks/accelerator_check.sh")
+    print("command: bash perf/accelerator_check.sh")
 
 
 if __name__ == "__main__":
