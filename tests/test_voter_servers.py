@@ -9,7 +9,7 @@ import pytest
 
 from hsjax.models.tiny import write_tiny_model
 from hsjax.harness_s.router import Profiles, Router
-from hsjax.harness_s.router.local_voters import LocalVoters, start_local_voters
+from hsjax.voter_servers import LocalVoters, start_local_voters
 from hsjax.harness_s.router.router import group_summary
 from hsjax.harness_s.router.rule_voter import RuleVoterPolicy, parse_prompt, rule_ranking
 from hsjax.harness_s.router.voters import FAILURE_REASONS, LLMVoter, VoteRequest, VoterSpec, vote_all
