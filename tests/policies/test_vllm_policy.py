@@ -24,8 +24,8 @@ from hsjax.models import forward, load_pretrained, save_pretrained
 from hsjax.policies.base import PolicyError, SamplingParams
 from hsjax.policies.jax_policy import JaxPolicy
 from hsjax.policies.vllm_policy import (VllmOptions, VllmPolicy, generation_from_completion, hf_weights,
+                                         request_seed, vllm_sampling_kwargs)
 from hsjax.rl.logprob_gap import sampler_gap_terms
-                                       request_seed, vllm_sampling_kwargs)
 
 WARMSTART = os.path.join(os.path.dirname(__file__), "..", "..", "assets", "testbed_warmstart")
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
