@@ -22,7 +22,7 @@ from hsjax.policies.base import SamplingParams
 from hsjax.policies.recording import RecordingChatPolicy
 from hsjax.policies.scripted import ScriptedTokenPolicy
 from hsjax.rl import sft as sft_math
-from hsjax.rollout import segments
+from hsjax.rollout.segments import render_segments
 from studies.testbed import warmstart as sft
 from hsjax.models import forward, get_preset, init_params, load_pretrained
 from hsjax.models.tokenizer import build_tiny_tokenizer
@@ -53,7 +53,7 @@ def expert_run(tokenizer):
     trajs = collect(episodes, recorder, SamplingParams())
     assert all(t.result["success"] for t in trajs)
     eos = sft.end_of_turn_id(tokenizer)
-    segments = [segments.render_segments(tokenizer, recorder.turns[ep.info["episode_id"]], eos) for ep in episodes]
+    segments = [render_segments(tokenizer, recorder.turns[ep.info["episode_id"]], eos) for ep in episodes]
     return tasks, pool, styles, harness, recorder, episodes, segments
 
 
