@@ -32,7 +32,7 @@ class _Row:
 
 
 class TurnCache:
-    """The kept caches of one policy's last keyed generation (see the module docstring)."""
+    """The kept caches of one policy's last seeded generation (see the module docstring)."""
 
     def __init__(self, sampler):
         self.sampler = sampler
