@@ -53,7 +53,7 @@ def add_rollout_backend(block: ConfigDict, backend: str = "jax") -> None:
     (memory | disk) and `vllm.LLM` arguments, where 0 / False leave vLLM's default."""
     block.backend = backend
     # jax: each turn of an episode prefills only its new tokens on the caches of the last one
-    # (hsjax.rollout.kv_reuse); False prefills the whole conversation every turn.
+    # (hsjax.policies.kv_reuse); False prefills the whole conversation every turn.
     block.kv_reuse = True
     # jax: the sampler's KV cache dtype; '' = the compute dtype, 'bfloat16' halves what a decode step
     # reads (logprobs within 0.15 nats of float32 on the warm start; the gap is logged).

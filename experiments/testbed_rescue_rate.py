@@ -17,7 +17,8 @@ import time
 
 from harness_envs.synth import tasks as synth_tasks
 from harness_envs.synth.benchmark import Synth
-from hsjax.rollout.policy import JaxPolicy, SamplingParams
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
 from hsjax.rollout.runner import EpisodeRunner
 from studies.testbed import warmstart as sft
 

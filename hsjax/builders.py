@@ -20,16 +20,17 @@ from harness_envs.registry import make_benchmark as _make_benchmark
 from hsjax import models
 from hsjax.harness_s import rescue as rescue_lib
 from hsjax.harness_s.router import HarnessSRescuer, Profiles, Router, VoterSpec
-from hsjax.harness_s.router.local_voters import start_local_voters as _start_local_voters
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import paths
 from hsjax.infra.errors import UserError, user_input
-from hsjax.llm.http_policy import HttpChatPolicy, HttpTokenPolicy
 from hsjax.models import presets
 from hsjax.models.hf import load_tokenizer_file
 from hsjax.models.tokenizer import tiny_tokenizer
-from hsjax.rollout.policy import JaxPolicy, SamplingParams
-from hsjax.rollout.vllm_policy import VllmOptions, VllmPolicy
+from hsjax.policies.base import AgentPolicy, SamplingParams
+from hsjax.policies.http_chat import HttpChatPolicy
+from hsjax.policies.http_tokens import HttpTokenPolicy
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.vllm_policy import VllmOptions, VllmPolicy
 
 # Keys of a block that only some kinds read: {kind: keys read besides `kind`}.
 _HTTP_KEYS = ("base_url", "model", "api_key_env", "timeout", "max_retries", "backoff", "max_backoff",
@@ -292,7 +293,7 @@ def make_policy(block, bench: Benchmark, seed: int):
         return load_jax_policy(block.hf_dir, block.checkpoint, seed=seed)
     if kind in bench.agent_kinds:
         options = {"noise": dict(block.noise)} if kind == "scripted" else {}
-        return bench.make_agent(kind, seed=seed, **options)
+        return AgentPolicy(bench.make_agent(kind, seed=seed, **options))
     raise UserError(f"policy.kind={kind!r} is not one of {[*bench.agent_kinds, 'http', 'http_tokens', 'jax']}")
 
 
@@ -375,24 +376,3 @@ def build_harness_s_rescuer(r, pool, k: int, extra_voters=()) -> HarnessSRescuer
                     profile_weight=r.profile_weight, explore=r.explore, decay=r.decay,
                     reanchor_every=r.reanchor_every)
     return HarnessSRescuer(pool, router)
-
-
-class _NoVoters:
-    specs = ()
-
-    def close(self) -> None:
-        pass
-
-
-def start_local_voters(config, workdir: str, *, start: bool = True):
-    """Starts the voter servers a Harness-S run asks for (`config.router.local_voters`); none when
-    `start` is false (the processes of a multi-process run that make no router decisions)."""
-    kinds = config.router.local_voters if config.rescue.kind == "harness_s" and "router" in config else ()
-    if not kinds or not start:
-        return _NoVoters()
-    hf_dir = str(paths.resolve(config.model.hf_dir)) if config.model.hf_dir else None
-    if "policy" in kinds and hf_dir and not is_hf_dir(pathlib.Path(hf_dir)):
-        raise UserError(f"router.local_voters 'policy' serves model.hf_dir as an HF directory, and "
-                        f"{config.model.hf_dir!r} is not one; export it first (run.py mode export, docs/models.md)")
-    return _start_local_voters(kinds, workdir=workdir, policy_hf_dir=hf_dir, seed=config.seed,
-                               timeout_s=config.router.local_timeout_s)

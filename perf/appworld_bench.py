@@ -17,7 +17,7 @@ import time
 from harness_envs import sandbox
 from harness_envs.appworld import agents
 from harness_envs.registry import make_benchmark
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job
 
 

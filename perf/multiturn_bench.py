@@ -5,7 +5,7 @@ An episode is DBBench-shaped at the token level: an instruction of `--instructio
 `--turns` turns of (a reply of exactly `--new` sampled tokens, an observation of `--obs` tokens).
 Every row of a batch is one episode; turn t's prompt is turn t-1's prompt + its reply + the next
 observation, exactly the token stream the rollout engine hands the policy (`engine.collect`), so
-the policy's KV reuse (`hsjax.rollout.kv_reuse`) sees what it sees in training. Sampling at T = 1
+the policy's KV reuse (`hsjax.policies.kv_reuse`) sees what it sees in training. Sampling at T = 1
 with no top-k/top-p and no end-of-sequence id on every side, so every side generates the same
 number of tokens.
 
@@ -40,7 +40,8 @@ import jax
 import numpy as np
 
 from hsjax.models import get_preset, init_params, save_pretrained
-from hsjax.rollout.policy import JaxPolicy, SamplingParams
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
 
 
 class _NoTokenizer:
@@ -71,7 +72,7 @@ def run_jax(policy, instruction, observations, new: int, seed: int) -> int:
     generated = 0
     for turn in range(len(observations)):
         prompts = [p + list(map(int, o)) for p, o in zip(prompts, observations[turn])]
-        gens = policy.generate(prompts, sampling, streams=[(i, turn) for i in range(len(prompts))])
+        gens = policy.generate(prompts, sampling, turn_seeds=[(i, turn) for i in range(len(prompts))])
         assert all(len(g.ids) == new for g in gens)
         prompts = [p + g.ids for p, g in zip(prompts, gens)]
         generated += sum(len(g.ids) for g in gens)

@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 
 from hsjax.models import get_preset, init_params, save_pretrained
-from hsjax.rollout.policy import SamplingParams
-from hsjax.rollout.sampler import Sampler
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.sampler import Sampler
 
 
 def _median_time(fn, reps):

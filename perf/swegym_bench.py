@@ -17,7 +17,7 @@ import time
 
 from harness_envs.registry import make_benchmark
 from harness_envs.swegym import agents
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job
 
 CONTEXT_CHARS = 100_000

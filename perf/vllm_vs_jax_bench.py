@@ -23,8 +23,9 @@ import time
 import numpy as np
 
 from hsjax.models import load_pretrained
-from hsjax.rollout.policy import JaxPolicy, SamplingParams
-from hsjax.rollout.vllm_policy import VllmOptions, VllmPolicy
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.vllm_policy import VllmOptions, VllmPolicy
 
 WARMSTART = os.path.join(os.path.dirname(__file__), "..", "assets", "testbed_warmstart")
 

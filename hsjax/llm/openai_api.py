@@ -13,14 +13,14 @@ and ignored (they only label a request).
 Token ids and logprobs: a choice's `token_ids` are every generated id, the end-of-turn id and the
 ids of a stop string included (what the policy sampled, and what a trainer needs), while its text
 leaves both out. Each logprob is the sampler's: `log_softmax(logits / T)` at the request's
-temperature (1 when greedy), before top-k/top-p truncation (hsjax/rollout/sampler.py).
+temperature (1 when greedy), before top-k/top-p truncation (hsjax/policies/sampler.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import reprlib
 
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 
 ROLES = ("system", "user", "assistant")
 # Each new set of stop strings can compile a new sampler program (its shape is their count and

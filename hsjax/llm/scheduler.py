@@ -23,7 +23,8 @@ import time
 
 from hsjax.llm.openai_api import APIError, GenerateRequest, bad_request, cut_at_stop
 from hsjax.llm.openai_replies import Choice, Reply
-from hsjax.rollout.policy import SamplingParams, is_token_policy, render_prompt
+from hsjax.policies.base import SamplingParams, TokenPolicy, as_policy
+from hsjax.policies.tokens import render_prompt
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,9 @@ class QueuedRequest:
 class BatchScheduler:
     """Owns the policy: a worker thread batches queued requests into `generate` (or `chat`) calls.
 
-    `policy` is a token policy (`generate` + a tokenizer with a chat template) or a chat policy
-    (`chat`: chat requests without token ids or logprobs only). `max_context` bounds prompt +
+    `policy` is a `TokenPolicy` (with a tokenizer with a chat template) or a `ChatPolicy` (chat
+    requests without token ids or logprobs only); a benchmark's scripted agent is taken as a chat
+    policy (`as_policy`). `max_context` bounds prompt +
     max_tokens (None: no bound); with `max_queue` requests waiting, `submit` answers 429. Counters:
     `requests`, `generate_calls`, `largest_batch` (sequences in one call), `dropped` (requests
     abandoned by their clients before generation).
@@ -56,15 +58,12 @@ class BatchScheduler:
         if max_batch < 1 or batch_window_s < 0 or max_queue < 1:
             raise ValueError(f"max_batch={max_batch} and max_queue={max_queue} must be >= 1 and "
                              f"batch_window_s={batch_window_s} >= 0")
-        self.policy = policy
-        self.tokenizer = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)
-        self.token_policy = is_token_policy(policy)
+        self.policy = policy = as_policy(policy)
+        self.tokenizer = tokenizer if tokenizer is not None else policy.tokenizer
+        self.token_policy = isinstance(policy, TokenPolicy)
         if self.token_policy and self.tokenizer is None:
             raise ValueError(f"{type(policy).__name__} generates token ids but has no tokenizer to "
                              "render chat messages; pass tokenizer=... or give the policy one")
-        if not self.token_policy and not callable(getattr(policy, "chat", None)):
-            raise TypeError(f"{type(policy).__name__} has neither generate(prompts, sampling) nor "
-                            "chat(contexts, sampling); it cannot be served")
         self.max_batch, self.batch_window_s, self.max_context = max_batch, batch_window_s, max_context
         self.max_queue = max_queue
         self.requests = self.generate_calls = self.largest_batch = self.dropped = 0

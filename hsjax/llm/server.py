@@ -42,6 +42,7 @@ from hsjax.llm.openai_api import (MAX_STOP_CHARS, MAX_STOP_STRINGS, APIError, ba
 from hsjax.llm.openai_replies import Reply, TokenText, response_body, stream_chunks
 from hsjax.llm.request_body import MAX_BODY_BYTES, parse_json, read_body
 from hsjax.llm.scheduler import MAX_QUEUE, BatchScheduler, QueuedRequest
+from hsjax.policies.base import as_policy
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
               max_body_bytes: int = MAX_BODY_BYTES, max_prompt_chars: int | None = None):
     """A FastAPI app serving `policy` under `model_name`.
 
-    `max_context` defaults to the policy's `cfg.max_position_embeddings` when it has one. With
+    `max_context` defaults to the policy's `max_context` (None: no bound). With
     `api_key_env`, `/v1/*` requires `Authorization: Bearer <value of that variable>` (read once,
     here; never logged); `/health` stays open. The scheduler is `app.state.scheduler`; it runs
     while the app's lifespan does. `max_queue` requests may wait (then 429); a request may carry at
@@ -91,8 +92,9 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
     `max_body_bytes` is a 413; a prompt past `max_prompt_chars` characters a 400 before it is
     tokenized (None: `openai_api.CHARS_PER_TOKEN_BOUND` times `max_context`).
     """
+    policy = as_policy(policy)
     if max_context is None:
-        max_context = getattr(getattr(policy, "cfg", None), "max_position_embeddings", None)
+        max_context = policy.max_context
     if max_prompt_chars is None:
         max_prompt_chars = default_prompt_chars(max_context)
     if max_body_bytes < 1 or max_prompt_chars < 1:

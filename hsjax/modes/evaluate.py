@@ -32,8 +32,8 @@ from hsjax import builders
 from hsjax.infra.episode_log import EpisodeLog, fingerprint
 from hsjax.infra.errors import RunStopped, UserError
 from hsjax.infra.metrics import write_json
+from hsjax.policies.base import PolicyError
 from hsjax.rollout.engine import POLICY_ERROR
-from hsjax.rollout.policy import PolicyError
 from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
 
 # Keys a resumed evaluation may change: where and how patiently the policy is reached, how episodes

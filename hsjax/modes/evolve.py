@@ -21,7 +21,7 @@ from hsjax import builders
 from hsjax.harness_s import analysis
 from hsjax.harness_s.evolve import POOL_FILE, EvolveSettings, collect_rescues, evolution_table, evolve
 from hsjax.harness_s.proposer import LLMProposer
-from hsjax.llm.http_policy import HttpChatPolicy
+from hsjax.policies.http_chat import HttpChatPolicy
 from hsjax.rollout.runner import EpisodeRunner, Job
 
 log = logging.getLogger(__name__)

@@ -20,19 +20,19 @@ import jax
 import numpy as np
 import tqdm
 
-from hsjax import builders
+from hsjax import builders, voter_servers
 from hsjax.harness_s.rescue import plan_rescue, rescue_failed_groups
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import console, distributed, host_memory, sharding
 from hsjax.infra import metrics as metrics_lib
 from hsjax.infra.errors import RunStopped, UserError
+from hsjax.policies.tokens import render_prompt
 from hsjax.rl import batch as batch_lib
 from hsjax.rl import grpo, optim
 from hsjax.rl.losses import LossConfig
 from hsjax.rl.task_stream import TaskStream
-from hsjax.rollout.policy import render_prompt
 from hsjax.rollout.runner import Job, ProcessShardedRunner, episode_record
-from hsjax.rollout.streams import rerender_with_prefix
+from hsjax.rollout.segments import rerender_with_prefix
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +74,9 @@ def loss_config(config) -> LossConfig:
 
 def phase_sampling(policy, block, seed: int):
     """The sampling settings of one phase, with the policy's key sequence restarted at its seed
-    (scripted and HTTP policies have none), so a resumed run draws what an uninterrupted one did."""
+    (a no-op for scripted and HTTP policies), so a resumed run draws what an uninterrupted one did."""
     sampling = builders.sampling_params(block, seed)
-    if hasattr(policy, "reseed"):
-        policy.reseed(sampling.seed)
+    policy.reseed(sampling.seed)
     return sampling
 
 
@@ -255,7 +254,7 @@ def main(config, workdir: str) -> dict:
                          else jax.device_put(x, replicated), state)
     # Router decisions are made by process 0 alone (LLM votes need not repeat), so only it starts
     # the voter servers.
-    local_voters = builders.start_local_voters(config, workdir, start=distributed.is_main())
+    local_voters = voter_servers.start_for_run(config, workdir, start=distributed.is_main())
     rescuer = builders.make_rescuer(config, pool, extra_voters=local_voters.specs)
     harness_ids = {spec.name: i for i, spec in enumerate([base, *builders.rescue_harnesses(config, pool)])}
     data = TaskStream(train_tasks, seed=config.seed)
@@ -301,8 +300,7 @@ def main(config, workdir: str) -> dict:
     # The voter servers, metric writer, checkpointer and benchmark are closed however the loop ends.
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(bench.close)
-        if hasattr(policy, "close"):
-            cleanup.callback(policy.close)
+        cleanup.callback(policy.close)
         cleanup.callback(local_voters.close)
         cleanup.callback(writer.close)
         cleanup.callback(checkpointer.close)

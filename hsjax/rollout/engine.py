@@ -3,11 +3,11 @@
 Each turn: gather the context of every live episode, generate for all of them in one policy call,
 hand each reply to its episode (environment steps in a thread pool), repeat until all are done.
 
-With a token policy the engine keeps, per episode, the exact token stream the policy saw and
+With a token policy the engine keeps, per episode, the exact token sequence the policy saw and
 produced: the chat template is rendered incrementally, generated ids are never re-tokenized, and
 only the tokens between the end of the reply and the next generation prompt (end-of-turn and the
 new messages) are tokenized, with loss mask 0. When a harness rewrites its history so that the
-new context no longer extends the stream, a new `Segment` starts. See docs/rollout.md.
+new context no longer extends the open segment, a new `Segment` starts. See docs/rollout.md.
 
 An episode ends early, and the others go on, when its context passes the budget
 (`context_overflow`: `max_context_tokens`, or for chat policies `max_context_chars`), when its
@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from hsjax.rollout.policy import (FailedReply, Generation, SamplingParams, tokenizer_eos_ids, is_token_policy,
-                                  render_prompt)
+from hsjax.policies.base import FailedReply, Generation, SamplingParams, TokenPolicy, as_policy
+from hsjax.policies.tokens import render_prompt, tokenizer_eos_ids
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ POLICY_ERROR = "policy_error"
 
 @dataclasses.dataclass
 class Segment:
-    """One contiguous token stream: `tokens` int32, `loss_mask` int32 (1 on policy tokens) and
+    """One contiguous token sequence: `tokens` int32, `loss_mask` int32 (1 on policy tokens) and
     `logprobs` float32 (sampler logprob on policy tokens, 0 elsewhere), all of equal length."""
 
     tokens: np.ndarray
@@ -74,8 +74,8 @@ class Trajectory:
     episode_id: str | None = None  # the episode's `info["episode_id"]` (agents key their state by it)
 
 
-class _Stream:
-    """The growing token stream of the current segment of one episode."""
+class _OpenSegment:
+    """The segment of one episode that is still growing (turn by turn) until it is closed."""
 
     def __init__(self, tokens: list[int]):
         self.tokens = list(tokens)
@@ -104,7 +104,7 @@ def _template_text(tokenizer, messages, add_generation_prompt):
 
 def continuation_ids(tokenizer, prev_messages: list[dict], prev_prompt_text: str, reply_text: str,
                      reply_ids: list[int], new_messages: list[dict]) -> tuple[list[int], str] | None:
-    """The ids to append after a reply so the stream becomes the prompt of `new_messages`.
+    """The ids to append after a reply so the open segment becomes the prompt of `new_messages`.
 
     Returns (ids, new_prompt_text), or None when `new_messages` is not `prev_messages` + the
     assistant reply + more messages, or the template does not render it as an extension (then the
@@ -132,13 +132,14 @@ def continuation_ids(tokenizer, prev_messages: list[dict], prev_prompt_text: str
     return tail, new_prompt
 
 
-class _Runner:
-    """Per-episode bookkeeping while `collect` runs."""
+class _EpisodeState:
+    """What `collect` keeps of one episode while it runs: its closed segments and open one, the
+    last prompt and reply, turn records, timings and why it was aborted."""
 
     def __init__(self, episode):
         self.episode = episode
-        self.streams_done: list[Segment] = []
-        self.stream: _Stream | None = None
+        self.segments: list[Segment] = []
+        self.open_segment: _OpenSegment | None = None
         self.prev_messages: list[dict] | None = None
         self.prev_prompt_text: str | None = None
         self.last_reply: tuple[str, list[int]] | None = None
@@ -151,130 +152,130 @@ class _Runner:
         self.pending_prompt: list[int] | None = None
         self.pending_state = None
 
-    def close_stream(self):
-        if self.stream is not None and any(self.stream.loss_mask):
-            self.streams_done.append(self.stream.to_segment())
-        self.stream = None
+    def close_segment(self):
+        if self.open_segment is not None and any(self.open_segment.loss_mask):
+            self.segments.append(self.open_segment.to_segment())
+        self.open_segment = None
 
 
-def _abort(runner: _Runner, reason: str):
-    runner.abort_reason = reason
-    runner.episode.abort(reason)
+def _abort(state: _EpisodeState, reason: str):
+    state.abort_reason = reason
+    state.episode.abort(reason)
 
 
-def _prepare_token_prompt(runner: _Runner, tokenizer, max_context_tokens, max_new_tokens):
-    """Builds the next prompt of a live episode (extending the stream or starting a new segment);
+def _prepare_token_prompt(state: _EpisodeState, tokenizer, max_context_tokens, max_new_tokens):
+    """Builds the next prompt of a live episode (extending the open segment or starting a new one);
     aborts the episode on context overflow. Returns the prompt ids or None if aborted."""
-    messages = [dict(m) for m in runner.episode.messages()]
+    messages = [dict(m) for m in state.episode.messages()]
     tail = None
-    if runner.stream is not None and runner.last_reply is not None:
-        text, ids = runner.last_reply
-        tail = continuation_ids(tokenizer, runner.prev_messages, runner.prev_prompt_text, text, ids,
+    if state.open_segment is not None and state.last_reply is not None:
+        text, ids = state.last_reply
+        tail = continuation_ids(tokenizer, state.prev_messages, state.prev_prompt_text, text, ids,
                                 messages)
     if tail is not None:
         tail_ids, prompt_text = tail
-        prompt_len = len(runner.stream.tokens) + len(tail_ids)
-        new_stream = None
+        prompt_len = len(state.open_segment.tokens) + len(tail_ids)
+        new_segment = None
     else:
         prompt_text = _template_text(tokenizer, messages, True)
-        new_stream = render_prompt(tokenizer, messages)
-        prompt_len = len(new_stream)
+        new_segment = render_prompt(tokenizer, messages)
+        prompt_len = len(new_segment)
     if max_context_tokens is not None and prompt_len + max_new_tokens > max_context_tokens:
         log.info("episode %s: prompt of %d tokens + max_new_tokens %d exceeds max_context_tokens "
-                 "%d; aborting", runner.episode.info.get("task_id"), prompt_len, max_new_tokens,
+                 "%d; aborting", state.episode.info.get("task_id"), prompt_len, max_new_tokens,
                  max_context_tokens)
-        _abort(runner, CONTEXT_OVERFLOW)
+        _abort(state, CONTEXT_OVERFLOW)
         return None
-    if new_stream is None:
-        runner.stream.extend(tail_ids, 0)
+    if new_segment is None:
+        state.open_segment.extend(tail_ids, 0)
     else:
-        if runner.stream is not None:
+        if state.open_segment is not None:
             log.debug("episode %s: history rewritten, new segment",
-                      runner.episode.info.get("task_id"))
-        runner.close_stream()
-        runner.stream = _Stream(new_stream)
-    runner.prev_messages = messages
-    runner.prev_prompt_text = prompt_text
-    return list(runner.stream.tokens)
+                      state.episode.info.get("task_id"))
+        state.close_segment()
+        state.open_segment = _OpenSegment(new_segment)
+    state.prev_messages = messages
+    state.prev_prompt_text = prompt_text
+    return list(state.open_segment.tokens)
 
 
-def _prepare_chat_context(runner: _Runner, tokenizer, max_context_tokens, max_new_tokens, max_context_chars):
-    messages = [dict(m) for m in runner.episode.messages()]
+def _prepare_chat_context(state: _EpisodeState, tokenizer, max_context_tokens, max_new_tokens, max_context_chars):
+    messages = [dict(m) for m in state.episode.messages()]
     if max_context_chars is not None:
         n = sum(len(str(m.get("content") or "")) for m in messages)
         if n > max_context_chars:
             log.info("episode %s: context of %d characters exceeds max_context_chars %d; aborting",
-                     runner.episode.info.get("task_id"), n, max_context_chars)
-            _abort(runner, CONTEXT_OVERFLOW)
+                     state.episode.info.get("task_id"), n, max_context_chars)
+            _abort(state, CONTEXT_OVERFLOW)
             return None
     if max_context_tokens is not None and tokenizer is not None:
         n = len(render_prompt(tokenizer, messages))
         if n + max_new_tokens > max_context_tokens:
-            _abort(runner, CONTEXT_OVERFLOW)
+            _abort(state, CONTEXT_OVERFLOW)
             return None
     return messages
 
 
-def _policy_failed(runner: _Runner, failure: FailedReply):
+def _policy_failed(state: _EpisodeState, failure: FailedReply):
     log.warning("episode %s: no reply from the policy (%s); ending this episode as %s",
-                runner.episode.info.get("task_id"), failure.reason, POLICY_ERROR)
-    runner.error = failure.reason
-    _abort(runner, POLICY_ERROR)
+                state.episode.info.get("task_id"), failure.reason, POLICY_ERROR)
+    state.error = failure.reason
+    _abort(state, POLICY_ERROR)
 
 
-def _step(runner: _Runner, text: str):
+def _step(state: _EpisodeState, text: str):
     t0 = time.perf_counter()
     try:
-        runner.episode.step(text)
+        state.episode.step(text)
     except Exception as e:  # an environment bug ends its episode, not the whole rollout
-        log.exception("episode %s: step raised; aborting it", runner.episode.info.get("task_id"))
-        runner.error = f"{type(e).__name__}: {e}"
-        runner.abort_reason = ENV_ERROR
-        if not runner.episode.done:
-            runner.episode.abort(ENV_ERROR)
-    runner.env_s += time.perf_counter() - t0
+        log.exception("episode %s: step raised; aborting it", state.episode.info.get("task_id"))
+        state.error = f"{type(e).__name__}: {e}"
+        state.abort_reason = ENV_ERROR
+        if not state.episode.done:
+            state.episode.abort(ENV_ERROR)
+    state.env_s += time.perf_counter() - t0
 
 
 def collect(episodes: list, policy, sampling: SamplingParams, tokenizer=None,
             max_context_tokens: int | None = None, env_workers: int = 4,
             max_context_chars: int | None = None,
-            stream_ids: list[int] | None = None) -> list[Trajectory]:
+            episode_seeds: list[int] | None = None) -> list[Trajectory]:
     """Runs every episode to its end and returns their trajectories, in the order given.
 
-    `stream_ids[i]` names episode i's random stream: a policy that keys its draws by stream
-    (`keyed_streams`, e.g. `JaxPolicy`) gets (stream id, turn) per prompt, so episode i samples the
-    same whatever other episodes share its batches. Default: its index here.
-    `policy` is a token policy (has `generate`; token-exact segments are recorded, `tokenizer`
-    defaults to `policy.tokenizer`) or a chat policy (has `chat`; text only). An episode whose next
+    `episode_seeds[i]` seeds episode i's draws: a token policy gets (episode seed, turn) per prompt
+    (`turn_seeds`), so episode i samples the same whatever other episodes share its batches.
+    Default: its index here.
+    `policy` is a `TokenPolicy` (token-exact segments are recorded, `tokenizer` defaults to
+    `policy.tokenizer`) or a `ChatPolicy` (text only); a benchmark's scripted agent is taken as a
+    chat policy (`hsjax.policies.base.as_policy`). An episode whose next
     prompt plus `sampling.max_new_tokens` would exceed `max_context_tokens` is aborted with
     "context_overflow" (for chat policies only when a tokenizer is given to count with); so is, with
     a chat policy, one whose context holds more than `max_context_chars` characters of content. A
     `FailedReply` from a chat policy aborts its episode with "policy_error" (the reason in
     `Trajectory.error`).
     """
-    token_mode = is_token_policy(policy)
+    policy = as_policy(policy)
+    token_mode = isinstance(policy, TokenPolicy)
     if tokenizer is None:
-        tokenizer = getattr(policy, "tokenizer", None)
+        tokenizer = policy.tokenizer
     if token_mode and tokenizer is None:
         raise ValueError("collect with a token policy needs a tokenizer to render the chat "
                          "template: pass tokenizer=... or give the policy a .tokenizer")
-    eos = set(getattr(policy, "eos_ids", None) or (tokenizer_eos_ids(tokenizer) if tokenizer
-                                                     is not None else ()))
+    eos = set(policy.eos_ids or (tokenizer_eos_ids(tokenizer) if tokenizer is not None else ()))
     t_start = time.perf_counter()
-    runners = [_Runner(ep) for ep in episodes]
-    if stream_ids is None:
-        stream_ids = list(range(len(episodes)))
-    if len(stream_ids) != len(episodes):
-        raise ValueError(f"got {len(stream_ids)} stream ids for {len(episodes)} episodes")
-    keyed = token_mode and getattr(policy, "keyed_streams", False)
-    stream_of = {id(r): int(s) for r, s in zip(runners, stream_ids)}
+    states = [_EpisodeState(ep) for ep in episodes]
+    if episode_seeds is None:
+        episode_seeds = list(range(len(episodes)))
+    if len(episode_seeds) != len(episodes):
+        raise ValueError(f"got {len(episode_seeds)} episode seeds for {len(episodes)} episodes")
+    seed_of = {id(r): int(s) for r, s in zip(states, episode_seeds)}
     try:
         with concurrent.futures.ThreadPoolExecutor(max(1, env_workers)) as pool:
-            list(pool.map(lambda r: r.episode.reset(), runners))
+            list(pool.map(lambda r: r.episode.reset(), states))
             turn = 0
             while True:
                 live, prompts = [], []
-                for r in runners:
+                for r in states:
                     if r.episode.done:
                         continue
                     if token_mode:
@@ -288,10 +289,8 @@ def collect(episodes: list, policy, sampling: SamplingParams, tokenizer=None,
                 if not live:
                     break
                 t0 = time.perf_counter()
-                if keyed:
-                    gens = policy.generate(prompts, sampling, streams=[(stream_of[id(r)], turn) for r in live])
-                elif token_mode:
-                    gens = policy.generate(prompts, sampling)
+                if token_mode:
+                    gens = policy.generate(prompts, sampling, turn_seeds=[(seed_of[id(r)], turn) for r in live])
                 else:
                     texts = policy.chat(prompts, sampling, [r.episode.info for r in live])
                     gens = [t if isinstance(t, FailedReply)
@@ -311,7 +310,7 @@ def collect(episodes: list, policy, sampling: SamplingParams, tokenizer=None,
                         if text is None:
                             ids = gen.ids[:-1] if gen.ids and gen.ids[-1] in eos else gen.ids
                             text = tokenizer.decode(ids, skip_special_tokens=False)
-                        r.stream.extend(gen.ids, 1, gen.logprobs)
+                        r.open_segment.extend(gen.ids, 1, gen.logprobs)
                         r.last_reply = (text, list(gen.ids))
                         n_new = len(gen.ids)
                     else:
@@ -320,7 +319,7 @@ def collect(episodes: list, policy, sampling: SamplingParams, tokenizer=None,
                     r.turns.append({"turn": turn, "text": text, "finish_reason": gen.finish_reason,
                                     "prompt_tokens": len(prompt) if token_mode else None,
                                     "new_tokens": n_new,
-                                    "segment": len(r.streams_done) if token_mode else None})
+                                    "segment": len(r.segments) if token_mode else None})
                     stepped.append(r)
                     texts.append(text)
                 list(pool.map(_step, stepped, texts))
@@ -328,14 +327,13 @@ def collect(episodes: list, policy, sampling: SamplingParams, tokenizer=None,
     finally:
         # Caches kept for a next turn (`JaxPolicy`'s KV reuse) would otherwise sit in memory
         # through the update that follows.
-        if hasattr(policy, "end_rollout"):
-            policy.end_rollout()
+        policy.end_rollout()
     wall = time.perf_counter() - t_start
     trajectories = []
-    for r in runners:
-        r.close_stream()
+    for r in states:
+        r.close_segment()
         trajectories.append(Trajectory(
-            result=r.episode.result(), segments=r.streams_done, turns=r.turns,
+            result=r.episode.result(), segments=r.segments, turns=r.turns,
             num_generated_tokens=r.num_generated,
             timings={"generate_s": r.generate_s, "env_s": r.env_s, "wall_s": wall},
             abort_reason=r.abort_reason, error=r.error, episode_id=r.episode.info.get("episode_id")))

@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 
 from hsjax.infra import distributed
 from hsjax.infra.metrics import to_python, truncate_strings
+from hsjax.policies.base import SamplingParams, as_policy
 from hsjax.rollout import engine
-from hsjax.rollout.policy import SamplingParams
 
 # A record's strings are cut past this many characters: 16 turns of 5 MB replies made a 168 MB eval
 # JSON for two episodes; at this default one episode's record stays under ~1 MB.
@@ -43,7 +43,7 @@ class EpisodeRunner:
     def __init__(self, make_episode: Callable, policy, sampling: SamplingParams, *, batch_size: int = 256,
                  env_workers: int = 4, max_context_tokens: int | None = None, max_context_chars: int | None = None,
                  progress=None):
-        self.make_episode, self.policy, self.sampling = make_episode, policy, sampling
+        self.make_episode, self.policy, self.sampling = make_episode, as_policy(policy), sampling
         self.batch_size, self.env_workers = max(1, int(batch_size)), int(env_workers)
         self.max_context_tokens = max_context_tokens or None
         self.max_context_chars = max_context_chars or None
@@ -52,10 +52,9 @@ class EpisodeRunner:
         self.seconds = 0.0
 
     def run(self, jobs: Sequence[Job], sampling: SamplingParams | None = None, *,
-            first_stream: int = 0) -> list[engine.Trajectory]:
+            first_episode_seed: int = 0) -> list[engine.Trajectory]:
         """Every job's trajectory, in order; `sampling` overrides the runner's for this call. Job i
-        samples from random stream `first_stream + i` (see `engine.collect`), whatever the batch
-        size."""
+        has episode seed `first_episode_seed + i` (see `engine.collect`), whatever the batch size."""
         t0 = time.perf_counter()
         out: list[engine.Trajectory] = []
         for start in range(0, len(jobs), self.batch_size):
@@ -64,7 +63,7 @@ class EpisodeRunner:
             trajectories = engine.collect(episodes, self.policy, sampling or self.sampling,
                                           max_context_tokens=self.max_context_tokens, env_workers=self.env_workers,
                                           max_context_chars=self.max_context_chars,
-                                          stream_ids=[first_stream + start + i for i in range(len(chunk))])
+                                          episode_seeds=[first_episode_seed + start + i for i in range(len(chunk))])
             for job, traj in zip(chunk, trajectories):
                 traj.result.setdefault("sample_index", job.sample_index)
                 traj.result["num_tokens"] = traj.num_generated_tokens or None
@@ -84,13 +83,13 @@ class ProcessShardedRunner(EpisodeRunner):
     """An `EpisodeRunner` that splits each call's jobs across the processes of a multi-process run:
     process p runs its contiguous share (`distributed.process_slice`) with its own policy copy and
     environments, and every process gets all trajectories back, in job order. Each job keeps the
-    random stream of its index in the call, so the episodes are the ones one process would run.
+    episode seed of its index in the call, so the episodes are the ones one process would run.
     `rollouts` counts the jobs of every process. Alone, it is an `EpisodeRunner`."""
 
     def run(self, jobs: Sequence[Job], sampling: SamplingParams | None = None, *,
-            first_stream: int = 0) -> list[engine.Trajectory]:
+            first_episode_seed: int = 0) -> list[engine.Trajectory]:
         share = distributed.process_slice(len(jobs))
-        local = super().run(jobs[share], sampling, first_stream=first_stream + share.start)
+        local = super().run(jobs[share], sampling, first_episode_seed=first_episode_seed + share.start)
         self.rollouts += len(jobs) - len(local)
         return distributed.gather_shares(local)
 

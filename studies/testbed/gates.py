@@ -21,7 +21,7 @@ import numpy as np
 from harness_envs.synth import names
 from hsjax import builders
 from hsjax.infra import metrics as metrics_lib
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job
 
 # (cell, split key, hidden, harness)

@@ -29,9 +29,10 @@ from hsjax import builders
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import metrics as metrics_lib
 from hsjax.models.model import forward
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.recording import RecordingChatPolicy
+from hsjax.policies.tokens import render_prompt
 from hsjax.rollout.runner import EpisodeRunner, Job
-from hsjax.rollout.streams import RecordingChatPolicy, render_prompt
 from hsjax.rl import losses
 from studies.testbed import gates, runs
 from studies.testbed.warmstart import end_of_turn_id

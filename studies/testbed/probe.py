@@ -43,7 +43,8 @@ from hsjax.harness_s.evolve import collect_rescues
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import paths
 from hsjax.infra.metrics import write_json
-from hsjax.rollout.policy import JaxPolicy, SamplingParams
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
 from hsjax.rollout.runner import EpisodeRunner, Job
 
 log = logging.getLogger(__name__)

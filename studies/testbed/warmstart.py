@@ -6,7 +6,7 @@ One linear `main`, in banner sections:
   data      roll out the expert (the synth benchmark's `expert` agent) with the episode runner, one
             harness per task family as the regime prescribes, and render each conversation into token
             streams laid out exactly as the rollout engine lays out a token policy's episodes
-            (`hsjax.rollout.streams.render_segments`: reply ids + end-of-turn have loss mask 1);
+            (`hsjax.rollout.segments.render_segments`: reply ids + end-of-turn have loss mask 1);
   model     the preset (with the config's overrides) from random weights, the tiny tokenizer
             `model.tokenizer` names; with `sft.copy_warmup_steps`, first trained to repeat lists of
             random syllable words (`copy_warmup`); or, with `sft.init_from`, a copy base that had
@@ -43,11 +43,14 @@ from hsjax.infra.errors import UserError
 from hsjax.infra import metrics as metrics_lib
 from hsjax.models import get_preset, init_params, load_pretrained, save_pretrained
 from hsjax.models.tokenizer import IM_END, tiny_tokenizer
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.recording import RecordingChatPolicy
+from hsjax.policies.tokens import tokenizer_eos_ids
 from hsjax.rl import optim
 from hsjax.rl.sft import BucketedBatches, make_train_step, pack
-from hsjax.rollout.policy import JaxPolicy, SamplingParams, tokenizer_eos_ids
 from hsjax.rollout.runner import EpisodeRunner, Job
-from hsjax.rollout.streams import RecordingChatPolicy, render_segments
+from hsjax.rollout.segments import render_segments
 from studies.testbed import copy_warmup
 
 log = logging.getLogger(__name__)

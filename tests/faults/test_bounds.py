@@ -6,7 +6,7 @@ from hsjax import builders
 from hsjax.infra import experiments
 from hsjax.infra.metrics import truncate_strings
 from hsjax.modes import evaluate
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import MAX_RECORD_CHARS, EpisodeRunner, Job, episode_record
 from harness_envs.dbbench.benchmark import DBBench
 

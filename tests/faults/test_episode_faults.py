@@ -10,9 +10,9 @@ import pytest
 from harness_envs.dbbench.benchmark import DBBench
 from hsjax.infra import experiments
 from hsjax.llm.client import ChatClient, ClientSettings, LLMError
-from hsjax.llm.http_policy import HttpChatPolicy
 from hsjax.modes import evaluate
-from hsjax.rollout.policy import EndpointDown, SamplingParams
+from hsjax.policies.base import EndpointDown, SamplingParams
+from hsjax.policies.http_chat import HttpChatPolicy
 from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
 from tests.faults.hostile import (dbbench_oracle, drip, hostile, huge, status,  # noqa: F401 (hostile: a fixture)
                                   truncated)

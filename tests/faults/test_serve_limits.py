@@ -11,8 +11,8 @@ from hsjax.llm import server as serve
 from hsjax.llm.openai_api import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from hsjax.models.tiny import write_tiny_model
 from hsjax.models.tokenizer import IM_END, build_tiny_tokenizer
-from hsjax.rollout.policy import JaxPolicy
-from hsjax.rollout.scripted import ScriptedTokenPolicy
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.scripted import ScriptedTokenPolicy
 
 
 def ask(text: str, **body) -> dict:

@@ -7,7 +7,7 @@ from harness_envs.benchmark import Benchmark
 from harness_envs.dbbench.benchmark import DBBench
 from harness_envs.registry import BENCHMARKS, make_benchmark
 from harness_envs.synth.benchmark import Synth
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job
 
 

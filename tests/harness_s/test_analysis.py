@@ -12,7 +12,7 @@ from hsjax.harness_s import analysis, evolve
 from hsjax.harness_s.router import Profiles, Router
 from hsjax.infra import experiments
 from hsjax.modes.evolve import run_base
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner
 
 BASE = KNOBS.base()

@@ -13,9 +13,9 @@ from harness_envs.dbbench.benchmark import KNOBS, DBBench
 from harness_envs.dbbench.data import is_modification, load_split
 from hsjax.harness_s import candidates, evolve, proposer
 from hsjax.infra import experiments
-from hsjax.llm.http_policy import HttpChatPolicy
 from hsjax.modes.evolve import run_base
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.http_chat import HttpChatPolicy
 from hsjax.rollout.runner import EpisodeRunner
 from tests.fake_openai import completion
 

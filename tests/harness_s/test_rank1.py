@@ -12,7 +12,7 @@ from harness_envs.dbbench.evaluator import summarize
 from hsjax.harness_s import rank1
 from hsjax.infra import experiments
 from hsjax.modes import rank1 as rank1_mode
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

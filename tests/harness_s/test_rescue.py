@@ -9,7 +9,7 @@ import pytest
 from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
 from harness_envs.registry import make_benchmark
 from hsjax.harness_s import rescue
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job
 
 POOL = [types.SimpleNamespace(name=f"sib{i}") for i in range(6)]

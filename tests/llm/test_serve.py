@@ -16,10 +16,12 @@ from hsjax.models.tiny import write_tiny_model
 from hsjax.infra.checkpoint import Checkpointer
 from hsjax.models import get_preset, init_params
 from hsjax.models.tokenizer import IM_END, build_tiny_tokenizer
-from hsjax.llm.http_policy import HttpChatPolicy
-from hsjax.rollout.policy import JaxPolicy, PolicyError, SamplingParams, render_prompt
-from hsjax.rollout.scripted import ScriptedTokenPolicy
 from hsjax.harness_s.router.voters import LLMVoter, VoteRequest, VoterSpec, vote_all
+from hsjax.policies.base import PolicyError, SamplingParams
+from hsjax.policies.http_chat import HttpChatPolicy
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.scripted import ScriptedTokenPolicy
+from hsjax.policies.tokens import render_prompt
 from tests.serve_process import tiny_server
 
 MESSAGES = [{"role": "system", "content": "You answer briefly."},

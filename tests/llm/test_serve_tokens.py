@@ -11,14 +11,16 @@ import openai
 import pytest
 
 from hsjax.llm import server as serve
-from hsjax.llm.http_policy import HttpTokenPolicy
 from hsjax.llm.openai_replies import text_pieces
 from hsjax.models import forward
 from hsjax.models.tiny import write_tiny_model
 from hsjax.models.tokenizer import IM_END
+from hsjax.policies.base import FailedReply, PolicyError, SamplingParams
+from hsjax.policies.http_tokens import HttpTokenPolicy
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.scripted import ScriptedChatPolicy
+from hsjax.policies.tokens import render_prompt
 from hsjax.rollout.engine import collect
-from hsjax.rollout.policy import FailedReply, JaxPolicy, PolicyError, SamplingParams, render_prompt
-from hsjax.rollout.scripted import ScriptedChatPolicy
 from tests.rollout.test_rollout import CountingEpisode
 
 MESSAGES = [{"role": "system", "content": "You answer briefly."},

@@ -12,12 +12,12 @@ from harness_envs.dbbench.benchmark import DBBench
 from harness_envs.dbbench.evaluator import format_table
 from hsjax import builders
 from hsjax.infra import experiments
-from hsjax.llm.http_policy import HttpChatPolicy
 from hsjax.models.hf import save_pretrained
 from hsjax.models.model import init_params
 from hsjax.models.presets import get_preset
 from hsjax.models.tokenizer import build_tiny_tokenizer
 from hsjax.modes import evaluate
+from hsjax.policies.http_chat import HttpChatPolicy
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 dbbench_exp = experiments.load("dbbench")

@@ -10,7 +10,7 @@ from hsjax.infra import experiments
 from hsjax.infra.episode_log import EpisodeLog, fingerprint
 from hsjax.infra.errors import UserError
 from hsjax.modes import evaluate
-from hsjax.rollout.policy import PolicyError
+from hsjax.policies.base import PolicyError
 
 
 class CountingPolicy:

@@ -23,9 +23,11 @@ from hsjax.models import forward, get_preset, init_params, save_pretrained
 from hsjax.models.tokenizer import IM_END, build_tiny_tokenizer, tiny_tokenizer
 from hsjax.modes import export as export_mode
 from hsjax.modes import serve as serve_mode
-from hsjax.rollout.policy import JaxPolicy, SamplingParams, render_prompt
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.recording import RecordingChatPolicy
+from hsjax.policies.tokens import render_prompt
 from hsjax.rollout.runner import EpisodeRunner, Job
-from hsjax.rollout.streams import RecordingChatPolicy
 from tests.modes.test_train import env, train_command
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -8,12 +8,12 @@ from hsjax import builders
 from hsjax.infra import experiments
 from hsjax.models.tokenizer import build_tiny_tokenizer
 from hsjax.modes import train
+from hsjax.policies.scripted import ScriptedTokenPolicy
+from hsjax.policies.tokens import render_prompt
 from hsjax.rl.batch import GroupRollouts, pack
 from hsjax.rl.task_stream import TaskStream
 from hsjax.rollout.engine import Trajectory
-from hsjax.rollout.policy import render_prompt
 from hsjax.rollout.runner import EpisodeRunner, Job
-from hsjax.rollout.scripted import ScriptedTokenPolicy
 
 
 def config(*variants, **overrides):

@@ -7,9 +7,10 @@ import pytest
 
 from hsjax.models import forward, get_preset, init_params
 from hsjax.models.tokenizer import IM_END, build_tiny_tokenizer
-from hsjax.rollout.policy import FailedReply, JaxPolicy, SamplingParams
-from hsjax.rollout.scripted import ScriptedChatPolicy, ScriptedTokenPolicy
-from hsjax.rollout.streams import RecordingChatPolicy
+from hsjax.policies.base import FailedReply, SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.recording import RecordingChatPolicy
+from hsjax.policies.scripted import ScriptedChatPolicy, ScriptedTokenPolicy
 from hsjax.rollout.engine import CONTEXT_OVERFLOW, POLICY_ERROR, collect, continuation_ids, rollout_stats
 
 
@@ -250,8 +251,8 @@ def tiny_model(tokenizer):
 
 
 class RecordingPolicy(JaxPolicy):
-    def generate(self, prompts, sampling, streams=None):
-        gens = super().generate(prompts, sampling, streams=streams)
+    def generate(self, prompts, sampling, turn_seeds=None):
+        gens = super().generate(prompts, sampling, turn_seeds=turn_seeds)
         self.log.append((prompts, gens))
         return gens
 

@@ -3,7 +3,7 @@ import json
 
 from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
 from harness_envs.dbbench.benchmark import DBBench
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
 
 

@@ -18,13 +18,14 @@ from hsjax import builders
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra.checkpoint import load_params
 from hsjax.infra.errors import UserError
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.recording import RecordingChatPolicy
+from hsjax.policies.scripted import ScriptedTokenPolicy
 from hsjax.rl import sft as sft_math
-from hsjax.rollout import streams
+from hsjax.rollout.segments import render_segments
 from studies.testbed import warmstart as sft
 from hsjax.models import forward, get_preset, init_params, load_pretrained
 from hsjax.models.tokenizer import build_tiny_tokenizer
-from hsjax.rollout.policy import SamplingParams
-from hsjax.rollout.scripted import ScriptedTokenPolicy
 from hsjax.rollout.engine import collect
 
 from experiments import testbed
@@ -48,11 +49,11 @@ def expert_run(tokenizer):
             "verify_answer": BASE.with_knobs(name="verify_answer", verify_before_answer=True)}
     backend = SQLiteBackend()
     episodes = [DBBenchEpisode(t, pool[harness.get(styles.get(t.type), "base")], backend) for t in tasks]
-    recorder = streams.RecordingChatPolicy(ScriptedExpert(styles))
+    recorder = RecordingChatPolicy(ScriptedExpert(styles))
     trajs = collect(episodes, recorder, SamplingParams())
     assert all(t.result["success"] for t in trajs)
     eos = sft.end_of_turn_id(tokenizer)
-    segments = [streams.render_segments(tokenizer, recorder.turns[ep.info["episode_id"]], eos) for ep in episodes]
+    segments = [render_segments(tokenizer, recorder.turns[ep.info["episode_id"]], eos) for ep in episodes]
     return tasks, pool, styles, harness, recorder, episodes, segments
 
 

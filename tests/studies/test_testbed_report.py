@@ -12,7 +12,7 @@ from harness_envs.synth.benchmark import Synth
 from harness_envs.synth.tasks import by_type, make_tasks
 from hsjax.harness_s import analysis
 from hsjax.infra import experiments
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
 from studies.testbed import behaviour as eb
 from studies.testbed import report as tr

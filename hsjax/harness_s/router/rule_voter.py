@@ -1,7 +1,8 @@
 """A deterministic voter that reads the router's prompt and ranks candidates by their cards.
 
-`RuleVoterPolicy` is a chat policy (`chat(contexts, sampling, infos=None) -> list[str]`), served
-like any model with `hsjax.llm.server.build_app(RuleVoterPolicy(), "rule-voter")`. For each prompt it
+`RuleVoterPolicy` is a `ChatPolicy` (`chat(contexts, sampling, infos=None) -> list[str]`), served
+like any model with `hsjax.llm.server.build_app(RuleVoterPolicy(), "rule-voter")` (the train mode
+starts it: `hsjax.voter_servers`). For each prompt it
 reads, from the text `VoteRequest.messages` builds:
 
     the task type           first line, "Task (<type>, id <task_id>):"
@@ -26,6 +27,8 @@ import json
 import logging
 import re
 from typing import Sequence
+
+from hsjax.policies.base import ChatPolicy
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +173,7 @@ def rule_ranking(prompt: VoterPrompt) -> list[str]:
 # The policy
 
 
-class RuleVoterPolicy:
+class RuleVoterPolicy(ChatPolicy):
     """A chat policy answering router prompts with `{"ranking": [...]}`; deterministic, stateless.
 
     Sampling settings are ignored. A prompt it cannot read gets `{"error": ...}` (counted by the

@@ -9,7 +9,7 @@ from harness_envs.appworld import agents, evaluator, taxonomy
 from harness_envs.appworld import harness as appworld_harness
 from harness_envs.appworld.benchmark import AppWorld
 from harness_envs.registry import make_benchmark
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job
 
 

@@ -10,7 +10,7 @@ from harness_envs.dbbench.benchmark import KNOBS
 from harness_envs.dbbench import agents
 from harness_envs.dbbench.data import is_modification, load_split
 from harness_envs.dbbench.env import DBBenchEpisode
-from hsjax.rollout.policy import ChatPolicy, SamplingParams
+from hsjax.policies.base import ChatAgent, SamplingParams
 from hsjax.rollout.engine import collect
 
 BASE = KNOBS.base()
@@ -35,7 +35,7 @@ def modes(tasks, spec, policy, backend):
 
 
 def test_agents_are_chat_policies():
-    assert isinstance(agents.OracleAgent(), ChatPolicy) and isinstance(agents.NoisyAgent(), ChatPolicy)
+    assert isinstance(agents.OracleAgent(), ChatAgent) and isinstance(agents.NoisyAgent(), ChatAgent)
 
 
 @pytest.mark.parametrize("harness", sorted(POOL))

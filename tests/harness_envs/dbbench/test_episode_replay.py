@@ -16,7 +16,7 @@ from harness_envs.dbbench.agents import OracleAgent
 from harness_envs.dbbench import make_backend
 from harness_envs.dbbench.data import category, load_split
 from harness_envs.dbbench.env import DBBenchEpisode
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.engine import collect
 
 BASE = KNOBS.base()

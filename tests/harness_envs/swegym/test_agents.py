@@ -10,7 +10,7 @@ import pytest
 from harness_envs.registry import make_benchmark
 from harness_envs.swegym import agents
 from harness_envs.swegym.instances import Instance
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job
 from tests.harness_envs.swegym.tiny_cache import make_cache
 

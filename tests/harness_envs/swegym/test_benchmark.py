@@ -10,7 +10,7 @@ from harness_envs.swegym import evaluator
 from harness_envs.swegym.benchmark import SWEGym
 from hsjax import builders
 from hsjax.infra import experiments
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job
 from tests.harness_envs.swegym.tiny_cache import built_cache_or_skip, make_cache
 

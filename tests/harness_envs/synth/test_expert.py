@@ -10,7 +10,7 @@ from harness_envs.dbbench import make_backend
 from harness_envs.dbbench.env import DBBenchEpisode
 from harness_envs.synth import expert as ex
 from harness_envs.synth.tasks import by_type, make_tasks
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.engine import collect
 
 BASE = KNOBS.base()

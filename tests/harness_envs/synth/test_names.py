@@ -11,7 +11,7 @@ from harness_envs.harness import load_pool
 from harness_envs.synth import names
 from harness_envs.synth.benchmark import SynthNames
 from harness_envs.synth.questions import TEMPLATES
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
 
 

@@ -13,7 +13,7 @@ from harness_envs.dbbench.env import DBBenchEpisode
 from harness_envs.synth import tasks as st
 from harness_envs.synth.questions import TEMPLATES, TYPES
 from harness_envs.synth.tables import DOMAINS
-from hsjax.rollout.policy import SamplingParams
+from hsjax.policies.base import SamplingParams
 from hsjax.rollout.engine import collect
 
 BASE = KNOBS.base()

@@ -11,7 +11,7 @@ from hsjax.harness_s.router.voters import LLMVoter, VoteRequest, VoterSpec, vote
 from hsjax.llm import server as serve
 from hsjax.llm.client import ChatClient, ClientSettings
 from hsjax.models.tiny import write_tiny_model
-from hsjax.rollout.policy import JaxPolicy
+from hsjax.policies.jax_policy import JaxPolicy
 from tests.fake_openai import completion
 
 CANDIDATES = ("lenient_parse", "schema_reminder", "verify_answer")

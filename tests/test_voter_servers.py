@@ -6,10 +6,11 @@ import socket
 
 import httpx
 import pytest
+from ml_collections import ConfigDict
 
 from hsjax.models.tiny import write_tiny_model
 from hsjax.harness_s.router import Profiles, Router
-from hsjax.harness_s.router.local_voters import LocalVoters, start_local_voters
+from hsjax.voter_servers import LocalVoters, start_for_run, start_local_voters
 from hsjax.harness_s.router.router import group_summary
 from hsjax.harness_s.router.rule_voter import RuleVoterPolicy, parse_prompt, rule_ranking
 from hsjax.harness_s.router.voters import FAILURE_REASONS, LLMVoter, VoteRequest, VoterSpec, vote_all
@@ -207,3 +208,13 @@ def test_bad_kinds_are_refused_before_anything_starts():
     empty = start_local_voters(())
     assert isinstance(empty, LocalVoters) and empty.specs == []
     empty.close()
+
+
+def test_a_run_starts_the_voters_its_config_names_and_only_on_the_deciding_process(tmp_path):
+    config = ConfigDict({"seed": 0, "rescue": {"kind": "harness_s"}, "model": {"hf_dir": ""},
+                         "router": {"local_voters": ("rule",), "local_timeout_s": 5.0}})
+    assert start_for_run(config, str(tmp_path), start=False).specs == []
+    with start_for_run(config, str(tmp_path)) as voters:
+        assert [s["name"] for s in voters.specs] == ["local-rule"]
+    config.rescue.kind = "none"
+    assert start_for_run(config, str(tmp_path)).specs == []

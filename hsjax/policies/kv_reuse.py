@@ -1,16 +1,16 @@
 """KV reuse across the turns of an episode: the next turn prefills only its new tokens.
 
 A multi-turn episode's prompt at turn t+1 is its prompt at turn t, the reply, and the new
-observation (the rollout engine's token-exact stream). Without reuse the sampler prefills the whole
+observation (the rollout engine's token-exact segment). Without reuse the sampler prefills the whole
 conversation every turn, so an episode costs the square of its length. `TurnCache` keeps the caches
-the last generation ended with (`sampler.Kept`) and, per episode stream, which row holds it and the
+the last generation ended with (`sampler.Kept`) and, per episode (its seed), which row holds it and the
 tokens it covers. On the next call, a row whose prompt extends those tokens starts from them
 (`sampler.Prefix`, gathered on the device) and prefills only the rest; any other row (a new episode,
-a harness that rewrote its history and so started a new stream segment) prefills in full.
+a harness that rewrote its history and so started a new segment) prefills in full.
 
 The caches are those of the params that produced them: `JaxPolicy` clears the store when its params
 change and at every phase (`reseed`). Results equal a full prefill up to float rounding
-(tests/rollout/test_kv_reuse.py).
+(tests/policies/test_kv_reuse.py).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hsjax.rollout.sampler import Kept, Prefix, bucket_length
+from hsjax.policies.sampler import Kept, Prefix, bucket_length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,7 @@ class _Row:
 
 
 class TurnCache:
-    """The kept caches of one policy's last keyed generation (see the module docstring)."""
+    """The kept caches of one policy's last seeded generation (see the module docstring)."""
 
     def __init__(self, sampler):
         self.sampler = sampler
@@ -42,11 +42,11 @@ class TurnCache:
         self._kept: Kept | None = None
         self._rows: dict[int, _Row] = {}
 
-    def plan(self, prompts: Sequence[Sequence[int]], streams: Sequence[tuple[int, int]]):
+    def plan(self, prompts: Sequence[Sequence[int]], turn_seeds: Sequence[tuple[int, int]]):
         """(prompts to prefill, their offsets, `Prefix` or None): the new tokens of every row that
-        continues a kept stream, the whole prompt of the others."""
+        continues a kept sequence, the whole prompt of the others."""
         hits = []
-        for prompt, (sid, _) in zip(prompts, streams):
+        for prompt, (sid, _) in zip(prompts, turn_seeds):
             hit = self._rows.get(int(sid))
             ok = (hit is not None and len(prompt) > len(hit.tokens)
                   and tuple(prompt[:len(hit.tokens)]) == hit.tokens)
@@ -77,13 +77,13 @@ class TurnCache:
         v = tuple(_gather(x, rows, slot_of) for x in kept.v)
         return news, offsets, Prefix(k, v, jnp.asarray(pos))
 
-    def record(self, prompts: Sequence[Sequence[int]], streams: Sequence[tuple[int, int]],
+    def record(self, prompts: Sequence[Sequence[int]], turn_seeds: Sequence[tuple[int, int]],
                kept_ids: Sequence[Sequence[int]], kept: Kept) -> None:
         """Keeps `kept` for the next call: row i covers prompts[i] + kept_ids[i] (the reply as the
         policy returned it, after any stop-string cut); slots past that hold no key."""
         ends = np.zeros((kept.pos_BxS.shape[0],), np.int32)
         self._rows = {}
-        for i, (prompt, (sid, _), ids) in enumerate(zip(prompts, streams, kept_ids)):
+        for i, (prompt, (sid, _), ids) in enumerate(zip(prompts, turn_seeds, kept_ids)):
             ends[i] = kept.gen_start + len(ids)
             self._rows[int(sid)] = _Row(i, tuple(int(t) for t in prompt) + tuple(int(t) for t in ids), int(ends[i]))
         slot_S = jnp.arange(kept.pos_BxS.shape[1])

@@ -3,6 +3,9 @@
     with start_local_voters(("rule", "tiny"), workdir=workdir) as local:
         voters = [*config_voters, *local.specs]      # VoterSpec field dicts
 
+The train mode calls `start_for_run(config, workdir)`, which reads `config.router.local_voters`.
+The router (`hsjax.harness_s.router`) only votes over HTTP: it starts no process and knows no model.
+
 Kinds (each one `hsjax.llm.server.BackgroundServer` on an ephemeral port of 127.0.0.1):
 
     rule    `RuleVoterPolicy`: ranks by the profile cards' rescue rates (hsjax/harness_s/router/rule_voter.py)
@@ -24,10 +27,13 @@ import shutil
 import tempfile
 from typing import Sequence
 
+from hsjax import builders
 from hsjax.harness_s.router.rule_voter import RuleVoterPolicy
+from hsjax.infra import paths
+from hsjax.infra.errors import UserError
 from hsjax.llm.server import BackgroundServer, build_app
 from hsjax.models.tiny import write_tiny_model
-from hsjax.rollout.policy import JaxPolicy
+from hsjax.policies.jax_policy import JaxPolicy
 
 log = logging.getLogger(__name__)
 
@@ -156,3 +162,17 @@ def start_local_voters(kinds: Sequence[str] | str, *, workdir=None, policy_hf_di
         voters.close()
         raise
     return voters
+
+
+def start_for_run(config, workdir: str, *, start: bool = True) -> LocalVoters:
+    """Starts the voter servers a Harness-S run asks for (`config.router.local_voters`); none when
+    `start` is false (the processes of a multi-process run that make no router decisions)."""
+    kinds = config.router.local_voters if config.rescue.kind == "harness_s" and "router" in config else ()
+    if not kinds or not start:
+        return start_local_voters(())
+    hf_dir = str(paths.resolve(config.model.hf_dir)) if config.model.hf_dir else None
+    if "policy" in kinds and hf_dir and not builders.is_hf_dir(pathlib.Path(hf_dir)):
+        raise UserError(f"router.local_voters 'policy' serves model.hf_dir as an HF directory, and "
+                        f"{config.model.hf_dir!r} is not one; export it first (run.py mode export, docs/models.md)")
+    return start_local_voters(kinds, workdir=workdir, policy_hf_dir=hf_dir, seed=config.seed,
+                              timeout_s=config.router.local_timeout_s)

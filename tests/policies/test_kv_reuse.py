@@ -1,11 +1,12 @@
-"""KV reuse across turns (`hsjax.rollout.kv_reuse`): a policy that prefills only each turn's new
+"""KV reuse across turns (`hsjax.policies.kv_reuse`): a policy that prefills only each turn's new
 tokens gives the token streams and logprobs of one that prefills everything, including episodes
 that rewrite their history (new segments), episodes that end early, and stop strings."""
 import numpy as np
 import pytest
 
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
 from hsjax.rollout.engine import collect
-from hsjax.rollout.policy import JaxPolicy, SamplingParams
 from tests.rollout.test_rollout import CountingEpisode, _trainer_logp, tiny_model, tokenizer  # noqa: F401
 
 
@@ -15,10 +16,10 @@ def _run(tiny_model, tokenizer, kv_reuse, sampling, episodes):
     calls = []
     generate = policy.generate
 
-    def spy(prompts, sampling, streams=None):
+    def spy(prompts, sampling, turn_seeds=None):
         if policy.turn_cache is not None:
-            calls.append(policy.turn_cache.plan(prompts, streams)[2] is not None)
-        return generate(prompts, sampling, streams=streams)
+            calls.append(policy.turn_cache.plan(prompts, turn_seeds)[2] is not None)
+        return generate(prompts, sampling, turn_seeds=turn_seeds)
     policy.generate = spy
     trajectories = collect(episodes(), policy, sampling)
     if kv_reuse:  # nothing is kept once the episodes are done (the update that follows needs the memory)
@@ -60,14 +61,14 @@ def test_new_params_and_new_phases_drop_the_kept_caches(tiny_model, tokenizer):
     policy = JaxPolicy(cfg, params, tokenizer, seed=0, kv_reuse=True, batch_buckets=(8,))
     sampling = SamplingParams(greedy=True, max_new_tokens=4)
     prompt = [5, 6, 7, 8]
-    first = policy.generate([prompt], sampling, streams=[(0, 0)])[0]
+    first = policy.generate([prompt], sampling, turn_seeds=[(0, 0)])[0]
     longer = prompt + first.ids + [9, 10]
     assert policy.turn_cache.plan([longer], [(0, 1)])[2] is not None
     policy.update_params(params)
     assert policy.turn_cache.plan([longer], [(0, 1)])[2] is None
-    policy.generate([prompt], sampling, streams=[(0, 0)])
+    policy.generate([prompt], sampling, turn_seeds=[(0, 0)])
     policy.reseed(4)
     assert policy.turn_cache.plan([longer], [(0, 1)])[2] is None
     # A prompt that does not extend the kept tokens is prefilled in full.
-    policy.generate([prompt], sampling, streams=[(0, 0)])
+    policy.generate([prompt], sampling, turn_seeds=[(0, 0)])
     assert policy.turn_cache.plan([[5, 6, 99, 8, 1]], [(0, 1)])[2] is None

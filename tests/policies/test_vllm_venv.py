@@ -21,7 +21,7 @@ def test_engine_tests_pass_in_the_vllm_venv():
     env.pop("PYTHONPATH", None)
     # In one process: pytest.ini's addopts start xdist workers, which the vLLM venv does not have.
     proc = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-rs", "-o", "addopts=--import-mode=importlib",
-                           "-p", "no:cacheprovider", "tests/rollout/test_vllm_policy.py"], cwd=REPO, env=env,
+                           "-p", "no:cacheprovider", "tests/policies/test_vllm_policy.py"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     summary = proc.stdout.strip().splitlines()[-1]

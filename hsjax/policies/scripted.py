@@ -1,7 +1,7 @@
 """Scripted policies for tests and oracles: replies from a function or a list, no model.
 
 `ScriptedChatPolicy` is a ChatPolicy (text in, text out); `ScriptedTokenPolicy` is a TokenPolicy
-(token ids in, token ids and constant logprobs out), so the engine keeps token-exact streams.
+(token ids in, token ids and constant logprobs out), so the engine keeps token-exact segments.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import threading
 from typing import Callable, Sequence
 
-from hsjax.rollout.policy import Generation, PolicyError, SamplingParams
+from hsjax.policies.base import ChatPolicy, Generation, PolicyError, SamplingParams, TokenPolicy
 
 
-class ScriptedChatPolicy:
+class ScriptedChatPolicy(ChatPolicy):
     """Replies from a function `fn(context, info) -> str`, or from a list consumed in call order."""
 
     def __init__(self, replies: Callable[[list[dict], dict], str] | Sequence[str]):
@@ -37,11 +37,12 @@ class ScriptedChatPolicy:
         return [self._pop() for _ in contexts]
 
 
-class ScriptedTokenPolicy:
+class ScriptedTokenPolicy(TokenPolicy):
     """Replies as token ids from a function `fn(prompt_ids) -> list[int] | str`, or from a list.
 
     A str reply is encoded with `tokenizer` and gets `eos_id` appended (a scripted reply that ends
-    its turn). Replies are cut at `max_new_tokens` ("length"); every logprob is `logprob`.
+    its turn). Replies are cut at `max_new_tokens` ("length"); every logprob is `logprob`. Turn
+    seeds are ignored: nothing is drawn.
     """
 
     def __init__(self, replies, tokenizer=None, eos_id: int | None = None, logprob: float = 0.0):
@@ -59,7 +60,8 @@ class ScriptedTokenPolicy:
             raise PolicyError("ScriptedTokenPolicy: the list of scripted replies is exhausted")
         return self._queue.pop(0)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 turn_seeds=None) -> list[Generation]:
         self.calls.append([list(p) for p in prompts])
         gens = []
         for prompt in prompts:

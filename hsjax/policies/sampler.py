@@ -150,18 +150,18 @@ def stop_hit(window_BxL, stops_BxNxL, stop_mask_BxNxL):
 # The compiled program
 
 
-def row_keys(key, stream_B, turn_B):
-    """One key per row: fold_in(fold_in(key, stream), turn). A row's draws depend on which stream
-    (episode) and turn it is, never on its position in the batch or on its batch mates."""
-    return jax.vmap(lambda s, t: jax.random.fold_in(jax.random.fold_in(key, s), t))(stream_B, turn_B)
+def row_keys(key, episode_seed_B, turn_B):
+    """One key per row: fold_in(fold_in(key, episode seed), turn). A row's draws depend on which
+    episode and turn it is, never on its position in the batch or on its batch mates."""
+    return jax.vmap(lambda s, t: jax.random.fold_in(jax.random.fold_in(key, s), t))(episode_seed_B, turn_B)
 
 
 def _generate_program(cfg, params, tokens_BxP, positions_BxP, temperature_B, top_p_B, top_k_B,
-                      greedy_B, max_new_B, stops_BxNxL, stop_mask_BxNxL, key, stream_B, turn_B,
+                      greedy_B, max_new_B, stops_BxNxL, stop_mask_BxNxL, key, episode_seed_B, turn_B,
                       prefix_k, prefix_v, prefix_pos_BxC, *, max_new: int, pad_id: int,
                       num_top: int = 0, kv_dtype: str = ""):
     batch, prompt_len = tokens_BxP.shape
-    keys_B = row_keys(key, stream_B, turn_B)
+    keys_B = row_keys(key, episode_seed_B, turn_B)
     # A prefix (the kept cache of an earlier turn, `Prefix`) fills slots [0, C); the prompt's new
     # tokens follow it, then the generated ones. C = 0: a fresh prefill.
     num_prefix = prefix_pos_BxC.shape[1]
@@ -255,7 +255,7 @@ class Sampler:
         self.prompt_min, self.prompt_step, self.max_new_min = prompt_min, prompt_step, max_new_min
         # The KV cache's dtype ("" = the compute dtype). bfloat16 halves the bytes a decode step
         # reads; keys and values are rounded to 8 mantissa bits, so logprobs move by a bounded
-        # amount (tests/rollout/test_sampler.py) and the trainer's recomputation sees the gap.
+        # amount (tests/policies/test_sampler.py) and the trainer's recomputation sees the gap.
         if kv_dtype and jnp.dtype(kv_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
             raise ValueError(f"kv_dtype={kv_dtype!r} is not '', 'float32' or 'bfloat16'")
         self.kv_dtype = jnp.dtype(kv_dtype).name if kv_dtype else ""
@@ -275,7 +275,7 @@ class Sampler:
     def generate(self, params, prompts: list[list[int]], sampling, rng,
                  stop_sequences: Sequence[Sequence] | None = None,
                  num_top_logprobs: int = 0,
-                 streams: Sequence[tuple[int, int]] | None = None,
+                 turn_seeds: Sequence[tuple[int, int]] | None = None,
                  prefix: Prefix | None = None, offsets: Sequence[int] | None = None,
                  keep_cache: bool = False):
         """Samples one continuation per prompt.
@@ -285,7 +285,7 @@ class Sampler:
         `num_top_logprobs` k > 0 each output also holds the k most likely ids and their logprobs at
         each step (the ids sampled do not change). Deterministic for a given `rng` and inputs.
 
-        `streams[i]` = (stream id, turn) keys row i's draws (`row_keys`), so a row samples the same
+        `turn_seeds[i]` = (episode seed, turn) keys row i's draws (`row_keys`), so a row samples the same
         tokens whatever batch it shares and wherever it sits in it (the training loop keys each
         episode by its index in the step, which is what lets several processes split a step's
         episodes and draw what one process would). Default: (row index, 0).
@@ -338,15 +338,15 @@ class Sampler:
                 stops[i, j, stop_len - len(q):] = q
                 stop_mask[i, j, stop_len - len(q):] = True
 
-        stream = np.arange(batch, dtype=np.uint32)
+        episode_seed = np.arange(batch, dtype=np.uint32)
         turn = np.zeros((batch,), np.uint32)
-        if streams is not None:
-            if len(streams) != n:
-                raise ValueError(f"got {len(streams)} streams for {n} prompts")
-            for i, (sid, t) in enumerate(streams):
+        if turn_seeds is not None:
+            if len(turn_seeds) != n:
+                raise ValueError(f"got {len(turn_seeds)} turn seeds for {n} prompts")
+            for i, (sid, t) in enumerate(turn_seeds):
                 if not (0 <= sid < 2**32 and 0 <= t < 2**32):
-                    raise ValueError(f"stream {(sid, t)} of row {i}: ids must be in [0, 2**32)")
-                stream[i], turn[i] = sid, t
+                    raise ValueError(f"turn seed {(sid, t)} of row {i}: both must be in [0, 2**32)")
+                episode_seed[i], turn[i] = sid, t
 
         offsets = [0] * n if offsets is None else list(offsets)
         if len(offsets) != n:
@@ -366,7 +366,7 @@ class Sampler:
                      "stops=%dx%d top_logprobs=%d", len(self._shapes), *shape)
         results, caches = self._program(
             params, tokens, positions, temperature, top_p, top_k, greedy, max_new_rows, stops,
-            stop_mask, rng, stream, turn, prefix.k, prefix.v, prefix.pos_BxC, max_new=max_new,
+            stop_mask, rng, episode_seed, turn, prefix.k, prefix.v, prefix.pos_BxC, max_new=max_new,
             pad_id=self.pad_id, num_top=num_top, kv_dtype=self.kv_dtype)
         out, lp, length, stopped, top_ids, top_lp = jax.device_get(results)
         k = num_top_logprobs

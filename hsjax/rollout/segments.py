@@ -1,6 +1,7 @@
-"""Token streams built outside the sampler: conversations of a chat policy rendered as a token
-policy's trajectory would be (SFT data), and rescue trajectories re-rendered under another harness's
-opening context (training rescues "as if" under the base harness).
+"""Token segments built outside the sampler: conversations of a chat policy rendered as a token
+policy's trajectory would be (SFT data, recorded by `hsjax.policies.recording.RecordingChatPolicy`),
+and rescue trajectories re-rendered under another harness's opening context (training rescues "as
+if" under the base harness).
 
 Both lay tokens out exactly as `engine.collect` lays out a token policy's episodes, so the trainer
 cannot tell them from sampled ones: prompt and environment tokens have loss mask 0, reply tokens
@@ -8,35 +9,18 @@ cannot tell them from sampled ones: prompt and environment tokens have loss mask
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import numpy as np
 
+from hsjax.policies.tokens import render_prompt
 from hsjax.rollout import engine
-from hsjax.rollout.policy import FailedReply, render_prompt
-
-
-class RecordingChatPolicy:
-    """Wraps a ChatPolicy and records, per episode, each context it was shown and its reply (a
-    `FailedReply` is no reply: nothing is recorded for it, and its episode ends as policy_error)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.turns: dict[str, list[tuple[list[dict], str]]] = collections.defaultdict(list)
-
-    def chat(self, contexts, sampling, infos=None):
-        replies = self.inner.chat(contexts, sampling, infos)
-        for ctx, info, reply in zip(contexts, infos, replies):
-            if not isinstance(reply, FailedReply):
-                self.turns[info["episode_id"]].append(([dict(m) for m in ctx], reply))
-        return replies
 
 
 def render_segments(tokenizer, turns: list[tuple[list[dict], str]], eos_id: int) -> list[engine.Segment]:
-    """The token streams the rollout engine would record for this conversation, had a token policy
+    """The token segments the rollout engine would record for this conversation, had a token policy
     produced each reply as `encode(reply) + [eos_id]`: same prompts, same tails between turns
-    (`engine.continuation_ids`), a new segment whenever a context does not extend the stream."""
+    (`engine.continuation_ids`), a new segment whenever a context does not extend the open one."""
     segments, tokens, mask = [], [], []
     prev_messages = prev_prompt_text = last = None
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from hsjax.llm.http_policy import CHARS_PER_TOKEN, HttpChatPolicy, parse_chat_completion
-from hsjax.rollout.policy import EndpointDown, FailedReply, PolicyError, SamplingParams
+from hsjax.policies.base import EndpointDown, FailedReply, PolicyError, SamplingParams
+from hsjax.policies.http_chat import CHARS_PER_TOKEN, HttpChatPolicy, parse_chat_completion
 from tests.fake_openai import completion
 
 API_KEY = "sk-test-secret-5f2a9c"

