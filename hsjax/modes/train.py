@@ -31,7 +31,7 @@ from hsjax.rl import grpo, optim
 from hsjax.rl.losses import LossConfig
 from hsjax.rl.task_stream import TaskStream
 from hsjax.rollout.policy import render_prompt
-from hsjax.rollout.runner import Job, ProcessShardedRunner, episode_record
+from hsjax.rollout.runner import Job, episode_record
 from hsjax.rollout.streams import rerender_with_prefix
 
 log = logging.getLogger(__name__)
@@ -232,11 +232,9 @@ def main(config, workdir: str) -> dict:
     # Each process samples with its own full copy of the params (`distributed.local_copy`), with
     # the JAX sampler or a vLLM engine (`rollout.backend`).
     policy = builders.make_rollout_policy(config, model_cfg, distributed.local_copy(params), tokenizer)
-    # Each phase (base draws, rescue, evaluation) runs its episodes in one batch, split across the
-    # processes of a multi-process run; the runner counts the executor rollouts of every phase.
-    runner = ProcessShardedRunner(bench.make_episode, policy, builders.sampling_params(config.rollout, config.seed),
-                                  batch_size=1 << 30, env_workers=config.rollout.env_workers,
-                                  max_context_tokens=config.rollout.max_context_tokens)
+    # Each phase (base draws, rescue, evaluation) runs its episodes in one batch (no rollout.batch_size),
+    # split across the processes of a multi-process run; the runner counts the rollouts of every phase.
+    runner = builders.make_runner(config, bench, policy, runner="rollout", sampling="rollout", sharded=True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rerender = in_base_context(bench, base, tokenizer) if config.loss.rescue_context == "base" else None
 
