@@ -30,7 +30,7 @@ from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import metrics as metrics_lib
 from hsjax.models.model import forward
 from hsjax.rollout.policy import SamplingParams
-from hsjax.rollout.runner import EpisodeRunner, Job
+from hsjax.rollout.runner import ONE_BATCH, EpisodeRunner, Job
 from hsjax.rollout.streams import RecordingChatPolicy, render_prompt
 from hsjax.rl import losses
 from studies.testbed import gates, runs
@@ -44,7 +44,7 @@ def opening_pairs(bench, harness, tokenizer, tasks) -> list[tuple[list[int], lis
     """(prompt ids, reply ids) of the expert's first turn on each task under `harness`: the
     rendered first-turn context and the expert's SHOW TABLES reply + end-of-turn."""
     expert = RecordingChatPolicy(bench.make_agent("expert", default_style=STYLE))
-    runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=1 << 30)
+    runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=ONE_BATCH)
     eos_id = end_of_turn_id(tokenizer)
     pairs = []
     for traj in runner.run([Job(harness, task) for task in tasks]):
