@@ -2,8 +2,9 @@
 
 Each experiment's variant builds only the blocks its mode reads, from these helpers, so a
 command-line override of a key the mode never reads is an error (the config is locked), and
-`run.py` also rejects overriding a key that the chosen `kind` of a block never reads
-(`hsjax.builders.unread_keys`). Load this file with `hsjax.infra.experiments.load("common")`.
+`run.py` also rejects overriding a key that the chosen `kind` of a block never reads (what a kind
+reads is its typed config: `hsjax.config_kinds`, `hsjax.harness_s.rescue_kinds`). Load this file
+with `hsjax.infra.experiments.load("common")`.
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ failed, which k sibling harnesses should the same policy try next? The loop then
 under each and the trainer's masks decide whether they replace the base slots (see `grpo.py`).
 
 Rescuers here are the simple baselines; the Harness-S router plugs in behind the same interface.
+`hsjax.harness_s.rescue_kinds` maps each `rescue.kind` to its config and the rescuer it builds.
 Every choice is a pure function of (seed, step, group index) and the rescuer's explicit state, so
 a resumed run makes the same choices.
 """
@@ -81,21 +82,6 @@ class FixedSiblings(Rescuer):
 
     def choose(self, step, group_index, task, failed_results):
         return list(self.siblings)
-
-
-def make_rescuer(kind: str, pool: Sequence, k: int, seed: int = 0, names: Sequence[str] = ()) -> Rescuer:
-    """Builds a baseline rescuer by config string: `none`, `random`, `fixed`."""
-    if kind == "none":
-        return NoRescue()
-    if kind == "random":
-        return RandomSiblings(pool, k, seed)
-    if kind == "fixed":
-        by_name = {spec.name: spec for spec in pool}
-        missing = [n for n in names if n not in by_name]
-        if missing:
-            raise ValueError(f"rescue.siblings names {missing} not in the pool {sorted(by_name)}")
-        return FixedSiblings([by_name[n] for n in names])
-    raise ValueError(f"rescue.kind={kind!r}: expected one of 'none', 'random', 'fixed'")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from hsjax.infra.errors import RunStopped, UserError
 from hsjax.infra.metrics import write_json
 from hsjax.policies.base import PolicyError
 from hsjax.rollout.engine import POLICY_ERROR
-from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
+from hsjax.rollout.runner import Job, episode_record
 
 # Keys a resumed evaluation may change: where and how patiently the policy is reached, how episodes
 # are batched. The rest defines the episodes.
@@ -93,10 +93,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
         episodes.start(done)
         todo = [i for i in range(len(jobs)) if i not in done]
         with tqdm.tqdm(total=len(jobs), initial=len(done), desc=f"{bench.name}/{config.split}", unit="ep") as bar:
-            runner = EpisodeRunner(bench.make_episode, policy, builders.sampling_params(config.sampling, config.seed),
-                                   batch_size=r.batch_size, env_workers=r.env_workers,
-                                   max_context_tokens=r.max_context_tokens, max_context_chars=r.max_context_chars,
-                                   progress=bar)
+            runner = builders.make_runner(config, bench, policy, progress=bar)
             for start in range(0, len(todo), runner.batch_size):
                 batch = todo[start:start + runner.batch_size]
                 try:

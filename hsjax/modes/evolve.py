@@ -56,12 +56,10 @@ def build_proposer(cfg, benchmark_description: str) -> LLMProposer | None:
     return LLMProposer(policy, benchmark=benchmark_description, n_proposals=int(cfg.n_proposals))
 
 
-def make_runner(config, policy_block, bench) -> EpisodeRunner:
-    r = config.runner
-    return EpisodeRunner(bench.make_episode, builders.make_policy(policy_block, bench, int(config.seed)),
-                         builders.sampling_params(config.sampling, config.seed), batch_size=r.batch_size,
-                         env_workers=r.env_workers, max_context_tokens=r.max_context_tokens,
-                         max_context_chars=r.max_context_chars)
+def policy_runner(config, policy_block, bench, path: str) -> EpisodeRunner:
+    """The runner of the policy `policy_block` (at `path`) names."""
+    policy = builders.make_policy(policy_block, bench, int(config.seed), path)
+    return builders.make_runner(config, bench, policy)
 
 
 def run_base(runner: EpisodeRunner, tasks: Sequence, samples: int, base: HarnessSpec) -> list[dict]:
@@ -76,7 +74,7 @@ def main(config, workdir: str) -> dict:
         base = builders.load_pool(config, bench).base
         tasks = builders.load_split(bench, config.split, limit=config.limit)
         tasks_by_id = {t.task_id: t for t in tasks}
-        runner = make_runner(config, config.policy, bench)
+        runner = policy_runner(config, config.policy, bench, "policy")
         base_results = run_base(runner, tasks, int(config.evolve.base_samples), base)
         proposer = build_proposer(config.evolve.llm, f"{bench.name} ({bench.description})")
         evo = evolve(bench, base_results, tasks_by_id, runner, base=base, settings=settings(config.evolve),
@@ -100,7 +98,7 @@ def main(config, workdir: str) -> dict:
             outcomes = collect_rescues(runner, failures, pool, tasks_by_id, int(config.analysis.tries))
             second = None
             if config.analysis.compare.kind:
-                runner_b = make_runner(config, config.analysis.compare, bench)
+                runner_b = policy_runner(config, config.analysis.compare, bench, "analysis.compare")
                 base_b = run_base(runner_b, tasks, int(config.evolve.base_samples), base)
                 second = collect_rescues(runner_b, [r for r in base_b if not r["success"]], pool, tasks_by_id,
                                          int(config.analysis.tries))

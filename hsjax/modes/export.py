@@ -3,10 +3,10 @@
     python run.py --config experiments/export.py --config.export.checkpoint=W_train --workdir W_export
 
 `export.checkpoint` is a training workdir (or its `checkpoints/` directory: the latest checkpoint,
-or `export.step`), in the model config and tokenizer the run used (`hsjax.builders.load_model`;
-`export.hf_dir` names them instead, for a workdir without a run config), or an HF directory
-(re-exported, e.g. to change the dtype). Writes `export.out_dir` (default `<workdir>/hf`) with
-`hsjax.models.save_pretrained`: config.json and generation_config.json with bos/eos/pad ids,
+or `export.step`), in the model config and tokenizer the run used
+(`hsjax.infra.model_loading.load_model`; `export.hf_dir` names them instead, for a workdir without a
+run config), or an HF directory (re-exported, e.g. to change the dtype). Writes `export.out_dir`
+(default `<workdir>/hf`) with `hsjax.models.save_pretrained`: config.json and generation_config.json with bos/eos/pad ids,
 model.safetensors in `export.dtype` (default: the params' own), the tokenizer files; every file
 mode 0644 under the usual umask.
 
@@ -25,8 +25,7 @@ import pathlib
 import jax
 import numpy as np
 
-from hsjax import builders
-from hsjax.infra import console
+from hsjax.infra import console, model_loading
 from hsjax.infra.errors import UserError
 from hsjax.models import load_pretrained, save_pretrained
 from hsjax.models.tokenizer import CORPUS_PATH
@@ -72,7 +71,7 @@ def main(config, workdir: str) -> dict:
     out = pathlib.Path(e.out_dir) if e.out_dir else pathlib.Path(workdir) / "hf"
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty; choose another export.out_dir (or --workdir), or remove it")
-    cfg, params, tokenizer, source = builders.load_model(e.checkpoint, e.hf_dir, int(e.step) or None)
+    cfg, params, tokenizer, source = model_loading.load_model(e.checkpoint, e.hf_dir, int(e.step) or None)
     dtype = e.dtype or cfg.param_dtype
     save_pretrained(params, cfg, tokenizer, out, dtype=dtype)
 
@@ -84,7 +83,7 @@ def main(config, workdir: str) -> dict:
             raise RuntimeError(f"{out}: {jax.tree_util.keystr(key)} read back differs from the checkpoint's; this "
                                "is a bug in hsjax.models.hf (params_to_hf / params_from_hf)")
     auto = auto_tokenizer_check(out, tokenizer)
-    step = int(e.step) or max(builders.checkpoint_steps(e.checkpoint), default=None)
+    step = int(e.step) or max(model_loading.checkpoint_steps(e.checkpoint), default=None)
     result = {"checkpoint": str(e.checkpoint), "step": step, "model_from": source or "preset",
               "out_dir": str(out), "dtype": str(dtype), "family": cfg.family, "params": cfg.num_params,
               "auto_tokenizer": auto}

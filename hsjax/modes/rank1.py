@@ -18,7 +18,6 @@ from hsjax.harness_s import rank1
 from hsjax.harness_s.router import Profiles
 from hsjax.infra import paths
 from hsjax.infra.metrics import write_json
-from hsjax.rollout.runner import EpisodeRunner
 
 
 def unread(config) -> dict[str, str]:
@@ -35,11 +34,8 @@ def main(config, workdir: str) -> dict:
         pool = bench.load_pool(paths.resolve(cfg.pool))
         specs = list(pool.values())
         tasks = builders.load_split(bench, cfg.split, limit=cfg.limit)
-        r = config.runner
-        runner = EpisodeRunner(bench.make_episode, builders.make_policy(config.policy, bench, int(config.seed)),
-                               builders.sampling_params(config.sampling, config.seed), batch_size=r.batch_size,
-                               env_workers=r.env_workers, max_context_tokens=r.max_context_tokens,
-                               max_context_chars=r.max_context_chars)
+        policy = builders.make_policy(config.policy, bench, int(config.seed))
+        runner = builders.make_runner(config, bench, policy)
         if cfg.profiles:
             profiles, source = Profiles.load(paths.resolve(cfg.profiles)), str(cfg.profiles)
             for s in specs:

@@ -31,7 +31,7 @@ from hsjax.rl import batch as batch_lib
 from hsjax.rl import grpo, optim
 from hsjax.rl.losses import LossConfig
 from hsjax.rl.task_stream import TaskStream
-from hsjax.rollout.runner import Job, ProcessShardedRunner, episode_record
+from hsjax.rollout.runner import Job, episode_record
 from hsjax.rollout.segments import rerender_with_prefix
 
 log = logging.getLogger(__name__)
@@ -57,19 +57,23 @@ def unread(config) -> dict[str, str]:
     return out
 
 
+# The phases of a step's sampling seeds (`phase_seed`; draw d is phase d): draws below MAX_DRAWS, RESCUE_PHASE
+# and EVAL_PHASE differ modulo PHASE_STRIDE, so no two (step, phase) share a seed. Runs keep their seeds.
+PHASE_STRIDE, RESCUE_PHASE, EVAL_PHASE = 101, 1000, 2000
+MAX_DRAWS = min(RESCUE_PHASE % PHASE_STRIDE, EVAL_PHASE % PHASE_STRIDE)  # 81: draws 0..80
+
+
 def phase_seed(seed: int, step: int, phase: int) -> int:
     """A distinct, reproducible sampling seed per (run seed, step, phase)."""
-    return (seed * 1_000_003 + step * 101 + phase) % (2**31 - 1)
+    return (seed * 1_000_003 + step * PHASE_STRIDE + phase) % (2**31 - 1)
 
 
 def loss_config(config) -> LossConfig:
-    return LossConfig(advantage=config.loss.advantage,
-                      success_threshold=config.loss.success_threshold,
-                      eps_low=config.loss.eps_low, eps_high=config.loss.eps_high,
-                      aggregation=config.loss.aggregation, beta=config.loss.beta,
-                      temperature=config.rollout.temperature, is_cap=config.loss.is_cap,
-                      is_weight=config.loss.is_weight,
-                      rescue_baseline=config.loss.rescue_baseline)
+    c = config.loss
+    return LossConfig(advantage=c.advantage, success_threshold=c.success_threshold, eps_low=c.eps_low,
+                      eps_high=c.eps_high, aggregation=c.aggregation, beta=c.beta, is_cap=c.is_cap,
+                      is_weight=c.is_weight, rescue_baseline=c.rescue_baseline,
+                      temperature=config.rollout.temperature)
 
 
 def phase_sampling(policy, block, seed: int):
@@ -162,7 +166,7 @@ def evaluate(step, runner, bench, base, eval_sets, config, workdir):
     `eval.extra_splits`); one `eval/<split>_step<N>.json` per set."""
     out = {}
     for split, tasks in eval_sets.items():
-        sampling = phase_sampling(runner.policy, config.eval, phase_seed(config.seed, step, 2000))
+        sampling = phase_sampling(runner.policy, config.eval, phase_seed(config.seed, step, EVAL_PHASE))
         records = [episode_record(t) for t in runner.run([Job(base, task) for task in tasks], sampling)]
         summary = bench.summarize(records)
         if distributed.is_main():
@@ -200,6 +204,9 @@ def main(config, workdir: str) -> dict:
     if config.loss.nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"loss.nonfinite={config.loss.nonfinite!r} is not one of {NONFINITE_POLICIES}: "
                         "'stop' ends the run at a non-finite update, 'skip' skips it and counts it")
+    if config.dapo.enabled and config.dapo.max_draws > MAX_DRAWS:
+        raise UserError(f"dapo.max_draws={config.dapo.max_draws} is more than {MAX_DRAWS}: further draws "
+                        "would sample with the seeds of other steps' draws, rescues or evaluations; lower it")
     host_memory.release_after_compiles()  # the compiler's working memory, before a program runs
     # ----------------------------------------------------------------------------------------------
     # Mesh.
@@ -231,11 +238,9 @@ def main(config, workdir: str) -> dict:
     # Each process samples with its own full copy of the params (`distributed.local_copy`), with
     # the JAX sampler or a vLLM engine (`rollout.backend`).
     policy = builders.make_rollout_policy(config, model_cfg, distributed.local_copy(params), tokenizer)
-    # Each phase (base draws, rescue, evaluation) runs its episodes in one batch, split across the
-    # processes of a multi-process run; the runner counts the executor rollouts of every phase.
-    runner = ProcessShardedRunner(bench.make_episode, policy, builders.sampling_params(config.rollout, config.seed),
-                                  batch_size=1 << 30, env_workers=config.rollout.env_workers,
-                                  max_context_tokens=config.rollout.max_context_tokens)
+    # Each phase (base draws, rescue, evaluation) runs its episodes in one batch (no rollout.batch_size),
+    # split across the processes of a multi-process run; the runner counts the rollouts of every phase.
+    runner = builders.make_runner(config, bench, policy, runner="rollout", sampling="rollout", sharded=True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rerender = in_base_context(bench, base, tokenizer) if config.loss.rescue_context == "base" else None
 
@@ -320,7 +325,7 @@ def main(config, workdir: str) -> dict:
                 step, tasks, groups, rescuer, threshold=config.loss.success_threshold))
             rescued, outcomes = rescue_failed_groups(
                 step, tasks, groups, rescuer, runner,
-                phase_sampling(policy, config.rollout, phase_seed(config.seed, step, 1000)),
+                phase_sampling(policy, config.rollout, phase_seed(config.seed, step, RESCUE_PHASE)),
                 m=config.rescue.m, threshold=config.loss.success_threshold, plan=plan)
             rescuer.observe(step, outcomes)
             rollouts = {"rollouts/base": drawn - before, "rollouts/rescue": runner.rollouts - drawn}

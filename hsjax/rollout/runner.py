@@ -18,6 +18,10 @@ from hsjax.infra.metrics import to_python, truncate_strings
 from hsjax.policies.base import SamplingParams, as_policy
 from hsjax.rollout import engine
 
+# `EpisodeRunner(batch_size=ONE_BATCH)`: every call's jobs go to `engine.collect` as one batch,
+# however many there are (the training loop's phases).
+ONE_BATCH = None
+
 # A record's strings are cut past this many characters: 16 turns of 5 MB replies made a 168 MB eval
 # JSON for two episodes; at this default one episode's record stays under ~1 MB.
 MAX_RECORD_CHARS = 20_000
@@ -36,15 +40,17 @@ class EpisodeRunner:
     """Runs jobs in batches through `engine.collect`; counts the rollouts and seconds it spent.
 
     `make_episode(task, spec, sample_index=...)` builds one episode (a benchmark's `make_episode`).
+    `batch_size`: episodes per `engine.collect` call; `ONE_BATCH` (None): all of a call's jobs at once.
     `progress` (optional, e.g. a tqdm bar) gets `update(n)` after each batch. `max_context_tokens` and
     `max_context_chars` (chat policies) are `engine.collect`'s context budgets; 0 or None: none.
     """
 
-    def __init__(self, make_episode: Callable, policy, sampling: SamplingParams, *, batch_size: int = 256,
+    def __init__(self, make_episode: Callable, policy, sampling: SamplingParams, *, batch_size: int | None = 256,
                  env_workers: int = 4, max_context_tokens: int | None = None, max_context_chars: int | None = None,
                  progress=None):
         self.make_episode, self.policy, self.sampling = make_episode, as_policy(policy), sampling
-        self.batch_size, self.env_workers = max(1, int(batch_size)), int(env_workers)
+        self.batch_size = None if batch_size is None else max(1, int(batch_size))
+        self.env_workers = int(env_workers)
         self.max_context_tokens = max_context_tokens or None
         self.max_context_chars = max_context_chars or None
         self.progress = progress
@@ -57,8 +63,9 @@ class EpisodeRunner:
         has episode seed `first_episode_seed + i` (see `engine.collect`), whatever the batch size."""
         t0 = time.perf_counter()
         out: list[engine.Trajectory] = []
-        for start in range(0, len(jobs), self.batch_size):
-            chunk = jobs[start:start + self.batch_size]
+        size = self.batch_size or max(1, len(jobs))
+        for start in range(0, len(jobs), size):
+            chunk = jobs[start:start + size]
             episodes = [self.make_episode(j.task, j.spec, sample_index=j.sample_index) for j in chunk]
             trajectories = engine.collect(episodes, self.policy, sampling or self.sampling,
                                           max_context_tokens=self.max_context_tokens, env_workers=self.env_workers,

@@ -32,7 +32,7 @@ from hsjax.models.model import forward
 from hsjax.policies.base import SamplingParams
 from hsjax.policies.recording import RecordingChatPolicy
 from hsjax.policies.tokens import render_prompt
-from hsjax.rollout.runner import EpisodeRunner, Job
+from hsjax.rollout.runner import ONE_BATCH, EpisodeRunner, Job
 from hsjax.rl import losses
 from studies.testbed import gates, runs
 from studies.testbed.warmstart import end_of_turn_id
@@ -45,7 +45,7 @@ def opening_pairs(bench, harness, tokenizer, tasks) -> list[tuple[list[int], lis
     """(prompt ids, reply ids) of the expert's first turn on each task under `harness`: the
     rendered first-turn context and the expert's SHOW TABLES reply + end-of-turn."""
     expert = RecordingChatPolicy(bench.make_agent("expert", default_style=STYLE))
-    runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=1 << 30)
+    runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=ONE_BATCH)
     eos_id = end_of_turn_id(tokenizer)
     pairs = []
     for traj in runner.run([Job(harness, task) for task in tasks]):

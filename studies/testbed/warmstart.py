@@ -49,7 +49,7 @@ from hsjax.policies.recording import RecordingChatPolicy
 from hsjax.policies.tokens import tokenizer_eos_ids
 from hsjax.rl import optim
 from hsjax.rl.sft import BucketedBatches, make_train_step, pack
-from hsjax.rollout.runner import EpisodeRunner, Job
+from hsjax.rollout.runner import ONE_BATCH, EpisodeRunner, Job
 from hsjax.rollout.segments import render_segments
 from studies.testbed import copy_warmup
 
@@ -140,7 +140,7 @@ def expert_streams(jobs, pool, tokenizer, config, bench):
     rendered: dict[int, list] = {}
     for style, indices in by_style.items():
         expert = RecordingChatPolicy(bench.make_agent("expert", default_style=style, **options))
-        runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=1 << 30,
+        runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=ONE_BATCH,
                                env_workers=config.sft.env_workers)
         for i, traj in zip(indices, runner.run([Job(pool[jobs[i][1]], jobs[i][0]) for i in indices])):
             task, harness, _ = jobs[i]

@@ -4,8 +4,6 @@ scripted DBBench agents."""
 import dataclasses
 import types
 
-import pytest
-
 from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
 from harness_envs.registry import make_benchmark
 from hsjax.harness_s import rescue
@@ -43,22 +41,7 @@ TASKS = [types.SimpleNamespace(task_id=f"t{g}", type=f"kind{g}") for g in range(
 # The baseline rescuers
 
 
-def test_make_rescuer_builds_each_kind_by_name():
-    assert isinstance(rescue.make_rescuer("none", POOL, k=2), rescue.NoRescue)
-    assert rescue.make_rescuer("none", POOL, k=2).k == 0
-    random = rescue.make_rescuer("random", POOL, k=2, seed=5)
-    assert isinstance(random, rescue.RandomSiblings) and random.k == 2 and random.seed == 5
-    fixed = rescue.make_rescuer("fixed", POOL, k=0, names=["sib3", "sib1"])
-    assert fixed.k == 2 and fixed.choose(0, 0, None, []) == [POOL[3], POOL[1]]
-
-
-def test_make_rescuer_errors_name_what_is_wrong():
-    with pytest.raises(ValueError, match=r"rescue.kind='best'.*'none', 'random', 'fixed'"):
-        rescue.make_rescuer("best", POOL, k=1)
-    with pytest.raises(ValueError, match=r"rescue.siblings names \['nope'\] not in the pool"):
-        rescue.make_rescuer("fixed", POOL, k=1, names=["sib0", "nope"])
-    with pytest.raises(ValueError, match="rescue.k=7 exceeds the pool size 6"):
-        rescue.make_rescuer("random", POOL, k=7)
+# Building each kind by name from the config, and its errors: tests/harness_s/test_rescue_kinds.py.
 
 
 def test_random_siblings_are_distinct_and_a_pure_function_of_seed_step_and_group():
