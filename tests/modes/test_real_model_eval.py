@@ -1,6 +1,6 @@
 """A DBBench eval with a real model as the policy (SmolLM2-135M-Instruct, scripts/fetch_smollm2.sh):
 the documented run.py command on three dev tasks runs end to end and writes its results, whatever
-the success (a 135M model mostly answers in prose: docs/real_model.md)."""
+the success (a 135M model mostly answers in prose)."""
 import json
 import os
 import pathlib
