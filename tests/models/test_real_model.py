@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from hsjax.models import forward
-from hsjax.rollout.policy import JaxPolicy, SamplingParams, render_prompt
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
+from hsjax.policies.tokens import render_prompt
 from tests.smollm2 import load_reference, load_smollm2
 
 # Both float32 implementations are about 1e-4 from the float64 logits (|logits| up to 40, 30 layers

@@ -12,7 +12,8 @@ import pytest
 
 from hsjax.models import forward
 from hsjax.rollout.engine import collect
-from hsjax.rollout.policy import JaxPolicy, SamplingParams
+from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
 from tests.rollout.test_rollout import CountingEpisode
 from tests.smollm2 import load_smollm2
 
