@@ -27,7 +27,7 @@ from hsjax.infra import console, distributed, host_memory, sharding
 from hsjax.infra import metrics as metrics_lib
 from hsjax.infra.errors import RunStopped, UserError
 from hsjax.rl import batch as batch_lib
-from hsjax.rl import grpo, optim
+from hsjax.rl import grpo, optim, reference
 from hsjax.rl.losses import LossConfig
 from hsjax.rl.task_stream import TaskStream
 from hsjax.rollout.policy import render_prompt
@@ -69,7 +69,7 @@ def loss_config(config) -> LossConfig:
                       aggregation=config.loss.aggregation, beta=config.loss.beta,
                       temperature=config.rollout.temperature, is_cap=config.loss.is_cap,
                       is_weight=config.loss.is_weight,
-                      rescue_baseline=config.loss.rescue_baseline)
+                      rescue_baseline=config.loss.rescue_baseline, kl_estimator=config.loss.kl_estimator)
 
 
 def phase_sampling(policy, block, seed: int):
@@ -286,6 +286,10 @@ def main(config, workdir: str) -> dict:
     update = grpo.jit_train_step(model_cfg, loss_config(config), optimizer,
                                  num_micro_batches=config.batch.micro_batches)
     data_sharding = sharding.batch_sharding(mesh, rules)
+    # The KL term's reference (rl/reference.py): the starting parameters, loaded again on resume.
+    with_reference = (reference.filler(params, model_cfg, temperature=config.rollout.temperature,
+                                       num_micro_batches=config.batch.micro_batches)
+                      if config.loss.beta > 0 else None)
 
     def place(batch):
         return jax.tree.map(lambda x: jax.device_put(x, data_sharding) if x.ndim else x, batch)
@@ -338,6 +342,7 @@ def main(config, workdir: str) -> dict:
             if config.batch.group_by_length:
                 packed, micro_T = batch_lib.group_by_length(packed, config.batch.micro_batches,
                                                             list(config.batch.T_buckets))
+            packed = with_reference(place(packed)) if with_reference else packed
             host_memory.release_free_memory()  # what the rollouts freed, before the update's peak
             state, update_metrics = update(state, place(packed), micro_T=micro_T)
             metrics = step_metrics(groups, rescued, outcomes, update_metrics, rollouts, dapo_stats)
