@@ -157,7 +157,9 @@ def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, e
     c.loss = ConfigDict({"advantage": "grpo",  # grpo | drgrpo | rloo
                          "success_threshold": 1.0, "eps_low": 0.2, "eps_high": 0.28,
                          "aggregation": "token_mean",  # token_mean | sequence_mean
-                         "beta": 0.0, "is_cap": 2.0,
+                         "beta": 0.0,  # > 0: a KL term to the starting policy (docs/training.md, KL)
+                         "kl_estimator": "k3",  # k1 | k2 | k3: the per-token KL estimate
+                         "is_cap": 2.0,
                          "is_weight": "capped",  # capped | one (w = 1 on re-contextualised rescue rows)
                          "rescue_context": "as_generated",  # as_generated | base
                          "rescue_baseline": "rescue",  # rescue | with_base (see docs/training.md)

@@ -57,6 +57,8 @@ CHECKS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("*learning_rate", *POSITIVE), ("*_lr", *POSITIVE),
     ("optim.weight_decay", *NON_NEGATIVE), ("optim.max_grad_norm", *NON_NEGATIVE),
     ("optim.warmup_steps", *NON_NEGATIVE), ("optim.schedule_steps", *NON_NEGATIVE),
+    ("loss.beta", *NON_NEGATIVE),  # the KL term's weight; 0: no reference is held
+    ("loss.kl_estimator", lambda v: v in ("k1", "k2", "k3"), "one of 'k1', 'k2', 'k3' (docs/training.md, KL)"),
     # how much work: a step count or batch of zero divides by zero or does nothing
     ("total_steps", *NON_NEGATIVE),  # 0: only score the starting policy (testbed's names_warmstart)
     ("checkpoint.every", *COUNT), ("checkpoint.keep", *COUNT),

@@ -28,7 +28,7 @@ from hsjax.infra import metrics as metrics_lib
 from hsjax.infra.errors import RunStopped, UserError
 from hsjax.policies.tokens import render_prompt
 from hsjax.rl import batch as batch_lib
-from hsjax.rl import grpo, optim
+from hsjax.rl import grpo, optim, reference
 from hsjax.rl.losses import LossConfig
 from hsjax.rl.task_stream import TaskStream
 from hsjax.rollout.runner import Job, episode_record
@@ -73,7 +73,7 @@ def loss_config(config) -> LossConfig:
     return LossConfig(advantage=c.advantage, success_threshold=c.success_threshold, eps_low=c.eps_low,
                       eps_high=c.eps_high, aggregation=c.aggregation, beta=c.beta, is_cap=c.is_cap,
                       is_weight=c.is_weight, rescue_baseline=c.rescue_baseline,
-                      temperature=config.rollout.temperature)
+                      kl_estimator=c.kl_estimator, temperature=config.rollout.temperature)
 
 
 def phase_sampling(policy, block, seed: int):
@@ -116,18 +116,6 @@ def draw_groups(data, step, runner, base, config):
             break
     stats = {"dapo/drawn_groups": drawn, "dapo/dropped_groups": dropped} if config.dapo.enabled else {}
     return kept_tasks, kept_groups, stats
-
-
-def to_group_rollouts(tasks, groups, rescued, base_name, harness_ids, rerender):
-    """The packer's view of each group; `rerender(task, traj)` gives a rescue in the base context
-    (for `loss.rescue_context='base'`), or None to train rescues as generated."""
-    out = []
-    for task, trajs, rescue in zip(tasks, groups, rescued):
-        in_base = [rerender(task, t) for t, _ in rescue] if rerender is not None and rescue else None
-        out.append(batch_lib.GroupRollouts(
-            base=trajs, base_harness=harness_ids[base_name], rescue=[t for t, _ in rescue],
-            rescue_harness=[harness_ids[name] for _, name in rescue], rescue_in_base=in_base))
-    return out
 
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -290,6 +278,10 @@ def main(config, workdir: str) -> dict:
     update = grpo.jit_train_step(model_cfg, loss_config(config), optimizer,
                                  num_micro_batches=config.batch.micro_batches)
     data_sharding = sharding.batch_sharding(mesh, rules)
+    # The KL term's reference (rl/reference.py): the starting parameters, loaded again on resume.
+    with_reference = (reference.filler(params, model_cfg, temperature=config.rollout.temperature,
+                                       num_micro_batches=config.batch.micro_batches)
+                      if config.loss.beta > 0 else None)
 
     def place(batch):
         return jax.tree.map(lambda x: jax.device_put(x, data_sharding) if x.ndim else x, batch)
@@ -333,7 +325,7 @@ def main(config, workdir: str) -> dict:
 
             t0 = time.perf_counter()
             packed = batch_lib.pack(
-                to_group_rollouts(tasks, groups, rescued, base.name, harness_ids, rerender),
+                batch_lib.group_rollouts(tasks, groups, rescued, harness_ids[base.name], harness_ids, rerender),
                 G=config.rollout.groups, n=config.rollout.n, R=S - config.rollout.n,
                 T_buckets=list(config.batch.T_buckets), pad_id=int(pad_id),
                 rescue_context=config.loss.rescue_context, overlong=config.batch.overlong)
@@ -341,6 +333,7 @@ def main(config, workdir: str) -> dict:
             if config.batch.group_by_length:
                 packed, micro_T = batch_lib.group_by_length(packed, config.batch.micro_batches,
                                                             list(config.batch.T_buckets))
+            packed = with_reference(place(packed)) if with_reference else packed
             host_memory.release_free_memory()  # what the rollouts freed, before the update's peak
             state, update_metrics = update(state, place(packed), micro_T=micro_T)
             metrics = step_metrics(groups, rescued, outcomes, update_metrics, rollouts, dapo_stats)

@@ -268,3 +268,16 @@ def group_by_length(batch: TrainBatch, num_micro_batches: int,
         for field in dataclasses.fields(batch)
         if field.name != "num_groups" and getattr(batch, field.name) is not None})
     return reordered, micro_T
+
+
+def group_rollouts(tasks, groups, rescued, base_harness: int, harness_ids: dict, rerender=None):
+    """The packer's view of each group of a step: its base trajectories, and its rescues as
+    (trajectory, harness name) pairs with their harness ids; `rerender(task, traj)` gives a rescue
+    in the base context (for `loss.rescue_context='base'`), or None to train rescues as generated."""
+    out = []
+    for task, trajs, rescue in zip(tasks, groups, rescued):
+        in_base = [rerender(task, t) for t, _ in rescue] if rerender is not None and rescue else None
+        out.append(GroupRollouts(base=trajs, base_harness=base_harness, rescue=[t for t, _ in rescue],
+                                 rescue_harness=[harness_ids[name] for _, name in rescue],
+                                 rescue_in_base=in_base))
+    return out

@@ -24,6 +24,13 @@ from hsjax.rl.logprob_gap import sampler_gap_terms
 AGGREGATIONS = ("token_mean", "sequence_mean")
 RESCUE_BASELINES = ("rescue", "with_base")
 IS_WEIGHTS = ("capped", "one")
+# Per-token estimates of KL(pi || ref) from d = ref_logp - logp of a token sampled from pi
+# (Schulman's k1, k2, k3; LossConfig.kl_estimator).
+KL_ESTIMATORS = {
+    "k1": lambda d: -d,
+    "k2": lambda d: 0.5 * jnp.square(d),
+    "k3": lambda d: jnp.exp(d) - d - 1.0,
+}
 SumDen = Tuple[jax.Array, jax.Array]
 
 
@@ -36,7 +43,11 @@ class LossConfig:
     eps_low, eps_high:  asymmetric PPO clip range [1 - eps_low, 1 + eps_high] (clip-higher)
     aggregation:        `token_mean` (every trained token weighs the same) or `sequence_mean`
                         (mean over each row's tokens, then over rows)
-    beta:               weight of the k3 KL estimate to `ref_logp_BxT` (0 disables it)
+    beta:               weight of the KL estimate to `ref_logp_BxT` (0 disables it)
+    kl_estimator:       the per-token estimate of KL(pi || ref) from d = ref_logp - logp on the
+                        sampled tokens: `k3` = exp(d) - d - 1 (GRPO's; >= 0, unbiased), `k1` = -d
+                        (unbiased, high variance, can be negative), `k2` = d^2 / 2 (biased, >= 0,
+                        its gradient that of the reverse KL)
     temperature:        the sampler's temperature; logp is taken of softmax(logits / temperature)
     rescue_baseline:    statistics of a rescued group's advantages: `rescue` (over its active rescue
                         slots only: a rescue whose every slot succeeded gives no signal) or
@@ -61,9 +72,12 @@ class LossConfig:
     is_cap: float = 2.0
     is_weight: str = "capped"
     rescue_baseline: str = "rescue"
+    kl_estimator: str = "k3"
 
     def __post_init__(self):
         get_advantage(self.advantage)  # Raises with the list of known estimators.
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator {self.kl_estimator!r} is not one of {tuple(KL_ESTIMATORS)}")
         if self.rescue_baseline not in RESCUE_BASELINES:
             raise ValueError(f"rescue_baseline {self.rescue_baseline!r} is not one of {RESCUE_BASELINES}")
         if self.is_weight not in IS_WEIGHTS:
@@ -251,9 +265,10 @@ def policy_loss_terms(
         "is_weight/mean": token_mean(weight_BxT, recontext_BxT),
     }
     if ref_logp_BxT is not None:
-        # k3 estimator of KL(pi || ref): exp(d) - d - 1 with d = ref - logp; >= 0, unbiased.
+        # d = ref - logp on the sampled tokens; masked tokens get 0 (every estimator is 0 there).
         diff_BxT = jnp.where(mask_BxT, ref_logp_BxT - logp_BxT, 0.0)
-        terms["loss/kl"] = aggregate(jnp.exp(diff_BxT) - diff_BxT - 1.0, mask_BxT, cfg.aggregation)
+        terms["loss/kl"] = aggregate(KL_ESTIMATORS[cfg.kl_estimator](diff_BxT), mask_BxT, cfg.aggregation)
+        terms["kl/log_ratio"] = token_mean(jax.lax.stop_gradient(-diff_BxT))  # log pi / ref, k1's mean
     if entropy_BxT is not None:
         terms["entropy"] = token_mean(entropy_BxT)
     ratio_sg_BxT = jax.lax.stop_gradient(ratio_BxT)
