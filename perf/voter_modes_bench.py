@@ -9,7 +9,9 @@ Each request is one the router would send for a failed DBBench group: a dev task
 failed rollouts with drawn failure modes, the six siblings of the shipped pool with cards from
 drawn rescue outcomes (so cards differ between requests). Both modes get the same requests, one at
 a time, greedy. "first by position" counts how often the top-ranked candidate was the 1st, 2nd, ...
-of the listed candidates: a model that always names the first is not ranking anything.
+of the listed candidates: a model that always names the first is not ranking anything. The third
+row asks the log-probability vote once per rotation of the candidates' order (`letter_rotations`,
+one request each) and averages each candidate's probability over them.
 """
 from __future__ import annotations
 
@@ -69,22 +71,29 @@ def main(argv=None) -> int:
     print("| mode | requests | ok | malformed | unknown_names | other | malformed % | first by position | "
           "median s |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for mode in VOTE_MODES:
-        voter = LLMVoter(VoterSpec(name=mode, base_url=args.base_url, model=args.model, vote_mode=mode,
-                                   timeout_s=300.0, max_retries=0, max_tokens=args.max_tokens))
+    rotations = len(batch[0].candidates)
+    for mode, turns in [(m, 1) for m in VOTE_MODES] + [("logprob", rotations)]:
+        label = mode if turns == 1 else f"{mode}, {turns} rotations"
+        voter = LLMVoter(VoterSpec(name=label, base_url=args.base_url, model=args.model, vote_mode=mode,
+                                   timeout_s=300.0, max_retries=0, max_tokens=args.max_tokens,
+                                   letter_rotations=turns))
         results = [voter.vote(r) for r in batch]
         voter.close()
         status = collections.Counter(r.status for r in results)
         other = sum(status[s] for s in FAILURE_REASONS if s not in ("malformed", "unknown_names"))
-        firsts[mode] = [r.ranking[0] if r.ranking else None for r in results]
+        firsts[label] = [r.ranking[0] if r.ranking else None for r in results]
         positions = collections.Counter(batch[i].candidates.index(f) + 1
-                                        for i, f in enumerate(firsts[mode]) if f is not None)
+                                        for i, f in enumerate(firsts[label]) if f is not None)
         spread = " ".join(f"{p}:{positions[p]}" for p in sorted(positions)) or "-"
-        print(f"| {mode} | {len(results)} | {status['ok']} | {status['malformed']} | {status['unknown_names']} | "
+        print(f"| {label} | {len(results)} | {status['ok']} | {status['malformed']} | {status['unknown_names']} | "
               f"{other} | {100 * status['malformed'] / len(results):.0f} | {spread} | "
               f"{statistics.median(r.latency_s for r in results):.2f} |")
-    both = [(a, b) for a, b in zip(*firsts.values()) if a is not None and b is not None]
-    print(f"\nfirst choices agree on {sum(a == b for a, b in both)} of the {len(both)} requests both modes answered")
+    labels = list(firsts)
+    for i, a_label in enumerate(labels):
+        for b_label in labels[i + 1:]:
+            both = [(a, b) for a, b in zip(firsts[a_label], firsts[b_label]) if a is not None and b is not None]
+            print(f"first choices of '{a_label}' and '{b_label}' agree on {sum(a == b for a, b in both)} "
+                  f"of the {len(both)} requests both answered")
     return 0
 
 

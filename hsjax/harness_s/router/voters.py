@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -76,6 +77,10 @@ class VoterSpec:
     # one opinion among several, not worth holding a decision for.
     max_backoff_s: float = 5.0
     vote_mode: str = "ranking"  # one of VOTE_MODES
+    # vote_mode="logprob": ask with the candidates in this many rotations of their order (each a
+    # request) and average each candidate's probability over them, so that a model's preference
+    # for a letter (small models favour A) does not decide the ranking. 1: the order as given.
+    letter_rotations: int = 1
 
     def __post_init__(self):
         if not self.name:
@@ -83,6 +88,9 @@ class VoterSpec:
         if self.vote_mode not in VOTE_MODES:
             raise ValueError(f"VoterSpec {self.name!r}: vote_mode must be one of {VOTE_MODES}, "
                              f"got {self.vote_mode!r}")
+        if self.letter_rotations < 1:
+            raise ValueError(f"VoterSpec {self.name!r}: letter_rotations must be >= 1, "
+                             f"got {self.letter_rotations}")
         if self.timeout_s <= 0 or self.max_retries < 0 or self.weight < 0 or self.max_backoff_s < 0:
             raise ValueError(f"VoterSpec {self.name!r}: timeout_s must be > 0, max_retries >= 0, weight >= 0, "
                              f"max_backoff_s >= 0; got {self.timeout_s}, {self.max_retries}, {self.weight}, "
@@ -176,9 +184,10 @@ def parse_ranking(text: str, candidates: Sequence[str]) -> list[str]:
     return out
 
 
-def ranking_from_logprobs(response, candidates: Sequence[str]) -> list[str]:
-    """The ranking a log-probability vote's reply gives (letter_vote.py); `VoteError` `malformed`
-    when the reply has no logprobs or none of its likeliest first tokens is a candidate's letter."""
+def letter_scores_of(response, candidates: Sequence[str]) -> dict[str, float]:
+    """candidate -> log-probability of its letter as the reply's first token (letter_vote.py);
+    `VoteError` `malformed` when the reply has no logprobs or none of its likeliest first tokens
+    is a candidate's letter."""
     alternatives = letter_vote.first_token_alternatives(response)
     if alternatives is None:
         raise VoteError("malformed", "the reply carries no token logprobs (does the server return them?)")
@@ -186,7 +195,7 @@ def ranking_from_logprobs(response, candidates: Sequence[str]) -> list[str]:
     if not scores:
         seen = [token for token, _ in alternatives[:5]]
         raise VoteError("malformed", f"no candidate letter among the first token's alternatives {seen!r}")
-    return letter_vote.ranking_from_scores(scores, candidates)
+    return scores
 
 
 def _ranking_of(value, whole: bool) -> list | None:
@@ -232,23 +241,44 @@ class LLMVoter:
         return result
 
     def _vote(self, request: VoteRequest) -> VoteResult:
-        by_logprob = self.spec.vote_mode == "logprob"
-        if by_logprob:
-            messages = letter_vote.letter_messages(request.task, request.group_summary, request.cards,
-                                                   request.candidates)
-            asked = dict(max_tokens=1, extra_body={"logprobs": True, "top_logprobs": letter_vote.TOP_LOGPROBS})
-        else:
-            messages, asked = request.messages(), dict(max_tokens=self.spec.max_tokens)
+        if self.spec.vote_mode == "logprob":
+            return self._vote_by_letters(request)
         try:
-            reply = self.client.complete(messages, temperature=self.spec.temperature, **asked)
+            reply = self.client.complete(request.messages(), temperature=self.spec.temperature,
+                                         max_tokens=self.spec.max_tokens)
         except LLMError as e:  # its reasons are voter statuses (FAILURE_REASONS)
             return VoteResult(self.name, e.reason, attempts=e.attempts, detail=e.detail)
         try:
-            ranking = (ranking_from_logprobs(reply.response, request.candidates) if by_logprob
-                       else parse_ranking(self.client.redact(reply.text), request.candidates))
+            ranking = parse_ranking(self.client.redact(reply.text), request.candidates)
         except VoteError as e:
-            return VoteResult(self.name, e.reason, attempts=reply.attempts, detail=self.client.redact(str(e)))
+            return VoteResult(self.name, e.reason, attempts=reply.attempts, detail=str(e))
         return VoteResult(self.name, "ok", ranking, attempts=reply.attempts)
+
+    def _vote_by_letters(self, request: VoteRequest) -> VoteResult:
+        """One single-token request per rotation of the candidates' order; each candidate's
+        probability averaged over the rotations (0 where its letter was not among the top tokens)."""
+        candidates, attempts = list(request.candidates), 0
+        probabilities = dict.fromkeys(candidates, 0.0)
+        asked = {"logprobs": True, "top_logprobs": letter_vote.TOP_LOGPROBS}
+        rotations = min(self.spec.letter_rotations, len(candidates))
+        for r in range(rotations):
+            order = candidates[r:] + candidates[:r]
+            messages = letter_vote.letter_messages(request.task, request.group_summary, request.cards, order)
+            try:
+                reply = self.client.complete(messages, temperature=self.spec.temperature, max_tokens=1,
+                                             extra_body=asked)
+            except LLMError as e:
+                return VoteResult(self.name, e.reason, attempts=attempts + e.attempts, detail=e.detail)
+            attempts += reply.attempts
+            try:
+                scores = letter_scores_of(reply.response, order)
+            except VoteError as e:
+                return VoteResult(self.name, e.reason, attempts=attempts, detail=self.client.redact(str(e)))
+            for name, logprob in scores.items():
+                probabilities[name] += math.exp(logprob) / rotations
+        seen = {name: math.log(p) for name, p in probabilities.items() if p > 0}
+        ranking = letter_vote.ranking_from_scores(seen, candidates)
+        return VoteResult(self.name, "ok", ranking, attempts=attempts)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,9 +32,9 @@ def with_logprobs(first: tuple[str, float], *alternatives: tuple[str, float]) ->
     return json.dumps(body)
 
 
-def logprob_voter(server, name="lp", model="m"):
+def logprob_voter(server, name="lp", model="m", rotations=1):
     return LLMVoter(VoterSpec(name=name, base_url=server.base_url, model=model, timeout_s=60.0, max_retries=0,
-                              vote_mode="logprob"))
+                              vote_mode="logprob", letter_rotations=rotations))
 
 
 def test_letters_read_from_tokens():
@@ -78,9 +78,34 @@ def test_a_reply_without_a_readable_letter_is_malformed(openai_server, reply, de
     assert detail in out.results["lp"].detail
 
 
+def test_rotations_average_out_a_voter_that_always_says_a(openai_server):
+    """A voter that puts 0.6 on "A" whatever it is shown, and otherwise prefers verify_answer: with
+    the order as given it ranks lenient_parse (listed first) first; over three rotations each
+    candidate is A once and verify_answer wins."""
+    def reply(request):
+        prompt = request.body["messages"][-1]["content"]
+        letter = {line.split(") ")[1]: line.split(")")[0] for line in prompt.splitlines()
+                  if line[:2] in ("A)", "B)", "C)")}["verify_answer"]
+        alternatives = [("A", math.log(0.6))] if letter == "A" else [("A", math.log(0.6)), (letter, math.log(0.3))]
+        if letter == "A":
+            alternatives.append(("B", math.log(0.2)))
+        return 200, with_logprobs(alternatives[0], *alternatives)
+
+    once = vote_all([logprob_voter(openai_server(reply))], request())
+    assert once.rankings["lp"][0] == "lenient_parse"
+    server = openai_server(reply)
+    rotated = vote_all([logprob_voter(server, rotations=3)], request())
+    assert rotated.counters == {"ok": 1} and rotated.rankings["lp"][0] == "verify_answer"
+    assert len(server.requests) == 3
+    firsts = [r.body["messages"][-1]["content"].split("A) ")[1].split("\n")[0] for r in server.requests]
+    assert firsts == list(CANDIDATES[0:]) and len(set(firsts)) == 3
+
+
 def test_an_unknown_vote_mode_is_refused():
     with pytest.raises(ValueError, match="vote_mode must be one of"):
         VoterSpec(name="v", base_url="http://127.0.0.1:1/v1", model="m", vote_mode="letters")
+    with pytest.raises(ValueError, match="letter_rotations must be >= 1"):
+        VoterSpec(name="v", base_url="http://127.0.0.1:1/v1", model="m", vote_mode="logprob", letter_rotations=0)
 
 
 def test_a_logprob_vote_against_the_real_server_reads_its_logprobs(tmp_path):
