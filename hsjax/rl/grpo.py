@@ -51,7 +51,8 @@ def group_terms(batch: TrainBatch, loss_cfg: LossConfig) -> Dict[str, Any]:
     advantage_B = get_advantage(loss_cfg.advantage)(batch.reward_B, batch.group_B, baseline_B,
                                                     batch.num_groups)
     advantage_B = jnp.where(active_B, advantage_B, 0.0)
-    mask_BxT = target_mask(batch.loss_mask_BxT, batch.segment_ids_BxT) & active_B[:, None]
+    predicted_BxT = target_mask(batch.loss_mask_BxT, batch.segment_ids_BxT)
+    mask_BxT = predicted_BxT & active_B[:, None]
     valid_f = jnp.sum(batch.valid_B.astype(jnp.float32))
     overlong_f = jnp.sum(batch.overlong_B.astype(jnp.float32))
     stats.update({
@@ -62,7 +63,10 @@ def group_terms(batch: TrainBatch, loss_cfg: LossConfig) -> Dict[str, Any]:
         "batch/overlong_frac": safe_div(overlong_f, valid_f + overlong_f),
         "tokens/trained": jnp.sum(mask_BxT.astype(jnp.float32)),
     })
-    return dict(advantage_B=advantage_B, active_B=active_B, mask_BxT=mask_BxT, stats=stats)
+    # Every policy token of a valid row, trained or not: where the sampler-vs-trainer gap is read.
+    sampled_BxT = predicted_BxT & batch.valid_B[:, None]
+    return dict(advantage_B=advantage_B, active_B=active_B, mask_BxT=mask_BxT, sampled_BxT=sampled_BxT,
+                stats=stats)
 
 
 def _micro_loss(params, rows, *, cfg, loss_cfg: LossConfig, pg_denominator):
@@ -75,7 +79,7 @@ def _micro_loss(params, rows, *, cfg, loss_cfg: LossConfig, pg_denominator):
     terms, extrema = policy_loss_terms(
         logp_BxT, rows["old_logp_BxT"], rows["advantage_B"], rows["mask_BxT"],
         rows["recontext_B"], loss_cfg, ref_logp_BxT=rows.get("ref_logp_BxT"),
-        entropy_BxT=entropy_BxT)
+        entropy_BxT=entropy_BxT, gap_mask_BxT=rows["sampled_BxT"])
     objective = terms["loss/pg"][0]
     if "loss/kl" in terms and loss_cfg.beta > 0:
         objective = objective + loss_cfg.beta * terms["loss/kl"][0]
@@ -114,7 +118,7 @@ def compute_grads(params, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
     rows = dict(tokens_BxT=batch.tokens_BxT, positions_BxT=batch.positions_BxT,
                 segment_ids_BxT=batch.segment_ids_BxT, old_logp_BxT=batch.old_logp_BxT,
                 advantage_B=groups["advantage_B"], mask_BxT=groups["mask_BxT"],
-                recontext_B=batch.recontext_B)
+                sampled_BxT=groups["sampled_BxT"], recontext_B=batch.recontext_B)
     if batch.ref_logp_BxT is not None:
         rows["ref_logp_BxT"] = batch.ref_logp_BxT
     grad_fn = jax.grad(functools.partial(_micro_loss, cfg=cfg, loss_cfg=loss_cfg,

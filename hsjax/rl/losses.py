@@ -226,6 +226,7 @@ def policy_loss_terms(
     cfg: LossConfig,
     ref_logp_BxT: Optional[jax.Array] = None,
     entropy_BxT: Optional[jax.Array] = None,
+    gap_mask_BxT: Optional[jax.Array] = None,
 ) -> Tuple[Dict[str, SumDen], Dict[str, jax.Array]]:
     """Clipped policy-gradient loss, KL and diagnostics as (sum, denominator) pairs.
 
@@ -240,7 +241,9 @@ def policy_loss_terms(
     Returns `(terms, extrema)`: `terms` maps `loss/pg`, `loss/kl` (only with a reference),
     `entropy`, `pg_clipfrac`, `ratio/mean`, `is_weight/mean` to (sum, denominator); `loss/pg` and
     `loss/kl` use `cfg.aggregation`, the diagnostics are token means. `extrema` holds `ratio/max`
-    and `ratio/min` over the masked tokens.
+    and `ratio/min` over the masked tokens. The sampler-vs-trainer gap (`logprob_gap/*`) is read
+    over `gap_mask_BxT` (the update passes every policy token of a valid row, trained or not, so a
+    step whose groups all failed still reports it), else over `mask_BxT`.
     """
     mask_BxT = mask_BxT.astype(bool)
     recontext_BxT = recontext_B.astype(bool)[:, None] & mask_BxT
@@ -277,7 +280,8 @@ def policy_loss_terms(
         "ratio/min": jnp.min(jnp.where(mask_BxT, ratio_sg_BxT, jnp.inf)),
     }
     # How far the sampler's logprobs are from this recomputation (a rollout backend's error).
-    gap_terms, gap_extrema = sampler_gap_terms(logp_BxT, old_logp_BxT, mask_BxT, recontext_B)
+    gap_mask_BxT = mask_BxT if gap_mask_BxT is None else gap_mask_BxT
+    gap_terms, gap_extrema = sampler_gap_terms(logp_BxT, old_logp_BxT, gap_mask_BxT, recontext_B)
     terms.update(gap_terms)
     extrema.update(gap_extrema)
     return terms, extrema

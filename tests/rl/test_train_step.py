@@ -9,7 +9,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hsjax.rl import grpo
 from hsjax.rl.batch import GroupRollouts, group_by_length, pack
-from hsjax.rl.losses import LossConfig, token_logp
+from hsjax.rl.losses import LossConfig, target_mask, token_logp
 from hsjax.models.model import forward, init_params
 from hsjax.models.presets import get_preset
 from hsjax.rl.optim import decay_mask, make_optimizer
@@ -349,3 +349,18 @@ def test_all_finite_looks_at_every_float_leaf_not_a_norm():
     assert bool(grpo.all_finite({"a": jnp.full(3, 1e30), "n": jnp.arange(3)}))  # its norm would be inf
     assert not bool(grpo.all_finite({"a": jnp.ones(3), "b": jnp.array([1.0, jnp.inf])}))
     assert not bool(grpo.all_finite([jnp.array([jnp.nan], jnp.bfloat16)]))
+
+
+def test_the_sampler_gap_is_read_on_rows_that_do_not_train():
+    """Groups that all fail, without rescue, train nothing; the gap between the sampler's logprobs
+    (-1 on every policy token here) and the trainer's is still read over their tokens."""
+    params = params0()
+    batch = make_batch([([0.0, 0.0], []), ([0.0, 0.0], [])])
+    _, metrics = grads_fn(LossConfig())(params, batch)
+    assert float(metrics["tokens/trained"]) == 0.0
+    counted = (np.asarray(target_mask(batch.loss_mask_BxT, batch.segment_ids_BxT))
+               & np.asarray(batch.valid_B)[:, None])
+    gap = policy_logp(params, batch)[counted] - np.asarray(batch.old_logp_BxT)[counted]
+    assert counted.sum() > 0
+    np.testing.assert_allclose(float(metrics["logprob_gap/abs_mean"]), np.abs(gap).mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["logprob_gap/abs_max"]), np.abs(gap).max(), rtol=1e-5)
