@@ -35,6 +35,12 @@ adds two local voters and re-anchoring every 2 steps:
     python run.py --config experiments/dbbench.py:harness_s --config.model.hf_dir=/path/to/hf \
         --config.model.dtype=bfloat16 --config.total_steps=200 --workdir /tmp/hsjax/hs
     # rerunning a command in the same workdir resumes from its latest checkpoint
+    # a real chat model (after scripts/fetch_smollm2.sh): two CPU steps with rescue
+    python run.py --config experiments/dbbench.py:real_smoke --workdir /tmp/hsjax/real_smoke
+    # the same on a GPU: more steps and groups, bfloat16, cuDNN attention
+    python run.py --config experiments/dbbench.py:real_smoke,harness_s --config.total_steps=50 \
+        --config.rollout.groups=8 --config.rollout.n=8 --config.model.dtype=bfloat16 \
+        --config.model.attention_impl=cudnn --workdir /tmp/hsjax/real_gpu
 
 Results seen (oracle, base harness, 2-core CPU): SQLite, dev 60/60 (0.2 s of episodes, 0.5 s for the
 whole command); `standard` SELECT 100/100, INSERT 100/100, UPDATE 99/100 (0.4 s). MariaDB, `standard`:
@@ -103,7 +109,30 @@ def _smoke(c):
     common.smoke(c, max_context_tokens=2048, T_buckets=(512, 1024, 2048))
 
 
-TRAIN_VARIANTS = common.train_arms(HINT, _smoke)
+# scripts/fetch_smollm2.sh writes it (docs/models.md, "A real model").
+REAL_MODEL_DIR = ".cache/models/smollm2-135m-instruct"
+
+
+def _real_smoke(c):
+    """Two CPU steps of a real chat model (SmolLM2-135M-Instruct) with rescue: one group of two
+    base rollouts and one random sibling's rollout when the group fails, rows of at most 768 tokens
+    (the opening prompt is under 512 of SmolLM2's tokens), a checkpoint each step
+    (tests/modes/test_real_model_train.py, docs/real_model.md)."""
+    common.smoke(c, max_context_tokens=768, T_buckets=(768,))
+    c.model.hf_dir = REAL_MODEL_DIR
+    c.model.remat = True  # the update's activations of 30 layers x 768 positions, recomputed
+    c.total_steps = 2
+    c.data.limit = 2
+    c.rollout.groups = 1
+    c.rollout.n = 2
+    c.rollout.max_new_tokens = 32
+    c.rescue.k = 1
+    c.eval.every = 0
+    c.checkpoint.every = 1
+    c.log.episodes_every = 0
+
+
+TRAIN_VARIANTS = {**common.train_arms(HINT, _smoke), "real_smoke": _real_smoke}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
