@@ -252,7 +252,7 @@ def group_by_length(batch: TrainBatch, num_micro_batches: int,
     length_B = np.asarray(batch.positions_BxT >= 0).sum(axis=1)
     order = np.argsort(-length_B, kind="stable")
     rows = B // num_micro_batches
-    # Strided layout: micro-batch i is rows i, i + M, ... (grpo._split_micro), so row j * M + i
+    # Strided layout: micro-batch i is rows i, i + M, ... (grpo.split_micro), so row j * M + i
     # takes the j-th row of the i-th block of the sorted order.
     perm = order.reshape(num_micro_batches, rows).T.reshape(-1)
     longest = length_B[order].reshape(num_micro_batches, rows).max(axis=1)

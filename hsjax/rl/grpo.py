@@ -86,7 +86,7 @@ def _micro_loss(params, rows, *, cfg, loss_cfg: LossConfig, pg_denominator):
     return safe_div(objective, pg_denominator), (terms, extrema)
 
 
-def _split_micro(x, num_micro_batches):
+def split_micro(x, num_micro_batches):
     """[B, ...] -> [M, B/M, ...], micro-batch i holding rows i, i + M, ... (strided, so a batch
     sharded over B keeps every micro-batch spread across the same devices)."""
     b = x.shape[0]
@@ -127,7 +127,7 @@ def compute_grads(params, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
     if num_micro_batches == 1 and micro_T is None:
         grads, (terms, extrema) = grad_fn(params, rows)
     else:
-        micro_rows = jax.tree.map(lambda x: _split_micro(x, num_micro_batches), rows)
+        micro_rows = jax.tree.map(lambda x: split_micro(x, num_micro_batches), rows)
         first = jax.tree.map(lambda x: x[0], micro_rows)
         zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
         grads_shape, (terms_shape, extrema_shape) = jax.eval_shape(grad_fn, params, first)

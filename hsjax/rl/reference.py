@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from hsjax.models.model import forward_hidden
+from hsjax.rl import grpo
 from hsjax.rl.batch import TrainBatch
 from hsjax.rl.losses import hidden_token_logp
 
@@ -40,9 +41,8 @@ def reference_logp(ref_params, batch: TrainBatch, *, cfg, temperature: float,
     if num_micro_batches == 1:
         return jax.lax.stop_gradient(logp(rows))
     B = batch.tokens_BxT.shape[0]
-    # Micro-batch i holds rows i, i + M, ... as in the update (grpo._split_micro).
-    split = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(B // num_micro_batches, num_micro_batches,
-                                                          *x.shape[1:]), 1, 0), rows)
+    # Micro-batch i holds rows i, i + M, ..., the update's own split.
+    split = jax.tree.map(lambda x: grpo.split_micro(x, num_micro_batches), rows)
     logp_MxbxT = jax.lax.map(logp, split)
     return jax.lax.stop_gradient(jnp.moveaxis(logp_MxbxT, 0, 1).reshape(B, -1))
 
