@@ -123,7 +123,15 @@ def router() -> ConfigDict:
     return ConfigDict({
         "aggregation": "borda",  # borda | majority | weighted
         "profile_weight": 0.5,
+        # ucb: posterior mean + `explore` * an evidence-shrinking bonus; thompson: one Beta draw per
+        # sibling (explore unread). Ties (a cold start) break by a seeded shuffle, not by name.
+        "selection": "ucb",  # ucb | thompson
         "explore": 0.2,
+        "tie_break": "shuffle",  # shuffle | name
+        # replay: each successful rescue is replayed under the base harness (hsjax/harness_s/replay.py)
+        # and a sibling's score is multiplied by (its share of valid rescues) ** validity_weight.
+        "validity": "off",  # off | replay
+        "validity_weight": 1.0,
         "decay": 0.9,
         "reanchor_every": 10,
         "voters": (),  # dicts of hsjax.harness_s.router.voters.VoterSpec fields

@@ -17,7 +17,7 @@ from harness_envs.benchmark import Benchmark
 from harness_envs.harness import Pool
 from harness_envs.registry import make_benchmark as _make_benchmark
 from hsjax import config_kinds, models
-from hsjax.harness_s import rescue_kinds
+from hsjax.harness_s import replay, rescue_kinds
 from hsjax.harness_s.rescue import Rescuer
 from hsjax.harness_s.rescue_kinds import build_harness_s_rescuer  # noqa: F401  (the studies' and tests' name)
 from hsjax.infra import config_blocks, paths
@@ -217,6 +217,14 @@ def make_rescuer(config, pool: Pool, extra_voters=()) -> Rescuer:
     router = config.router if "router" in config else None
     context = rescue_kinds.BuildContext(seed=config.seed, router=router, extra_voters=extra_voters)
     return rescue_kinds.make_rescuer(config.rescue, pool, context)
+
+
+def make_validity_check(config, bench, base):
+    """`router.validity=replay` under `rescue.kind=harness_s`: the check that replays each successful
+    rescue under the base harness (hsjax/harness_s/replay.py); None otherwise."""
+    if config.rescue.kind == "harness_s" and config.router.validity == "replay":
+        return replay.checker(bench, base, config.loss.success_threshold)
+    return None
 
 
 def rescue_unread(config) -> dict[str, str]:

@@ -153,12 +153,12 @@ def test_router_follows_the_rule_voter_where_profiles_are_uninformative(local):
     profiles.update(outcomes("a_lenient", "sql_error_loop", 4, 0) + outcomes("a_lenient", "answer_format", 0, 4))
     results = failed_group(["sql_error_loop", "answer_format"] * 2)
 
-    alone = Router(POOL, Profiles.from_dict(profiles.to_dict()), k=2, explore=0.0)
+    alone = Router(POOL, Profiles.from_dict(profiles.to_dict()), k=2, explore=0.0, tie_break="name")
     baseline = alone.top_k(TASK, results)
     assert len({round(s, 12) for s in baseline.profile_scores.values()}) == 1
     assert baseline.harnesses == ["a_lenient", "b_untried"]  # ties go to the name
 
-    router = Router(POOL, profiles, [VoterSpec(**s) for s in local.specs], k=2, explore=0.0)
+    router = Router(POOL, profiles, [VoterSpec(**s) for s in local.specs], k=2, explore=0.0, tie_break="name")
     try:
         decision = router.top_k(TASK, results, step=0, group_index=0)
         assert decision.votes["local-rule"][:2] == ["z_schema", "b_untried"]

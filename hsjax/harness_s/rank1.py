@@ -104,5 +104,6 @@ def table(records: Sequence[dict], rollouts: int, summarize) -> dict:
 
 
 def build_router(pool: Sequence[HarnessSpec], profiles):
-    """A profiles-only router (no voters, no exploration bonus) choosing one harness."""
-    return Router([s.name for s in pool], profiles, voters=(), k=1, explore=0.0)
+    """A profiles-only router (no voters, no exploration bonus) choosing one harness; ties go to
+    the first name, as inference has nothing to explore."""
+    return Router([s.name for s in pool], profiles, voters=(), k=1, explore=0.0, tie_break="name")

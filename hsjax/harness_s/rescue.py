@@ -112,7 +112,7 @@ def plan_rescue(step: int, tasks: Sequence, groups: Sequence[Sequence], rescuer:
 
 def rescue_failed_groups(step: int, tasks: Sequence, groups: Sequence[Sequence], rescuer: Rescuer,
                          runner: EpisodeRunner, sampling, *, m: int, threshold: float,
-                         plan: Sequence[tuple[int, Any]] | None = None):
+                         plan: Sequence[tuple[int, Any]] | None = None, check_valid=None):
     """Re-rolls each all-fail group (every base result below `threshold`) under the rescuer's
     choices, `m` rollouts per sibling, in one runner call.
 
@@ -120,7 +120,9 @@ def rescue_failed_groups(step: int, tasks: Sequence, groups: Sequence[Sequence],
     trajectories with their sibling's name, and one outcome record per rescue rollout (what the
     rescuer observes: harness, task, the base group's dominant failure mode, success, cost).
     `plan` (default: `plan_rescue` here) is given when the choices were made elsewhere (by the
-    first process of a multi-process run)."""
+    first process of a multi-process run). `check_valid(task, spec, trajectory)` (optional;
+    `hsjax.harness_s.replay.checker`) adds `base_valid` (True, False or None: inconclusive) and
+    `base_valid_reason` to the outcome of each successful rescue rollout."""
     if plan is None:
         plan = plan_rescue(step, tasks, groups, rescuer, threshold=threshold)
     rescued: list[list] = [[] for _ in groups]
@@ -131,10 +133,14 @@ def rescue_failed_groups(step: int, tasks: Sequence, groups: Sequence[Sequence],
     for j, traj in enumerate(runner.run(jobs, sampling)):
         g, spec = plan[j // m]
         rescued[g].append((traj, spec.name))
+        success = is_success(traj.result, threshold)
         outcomes.append({
             "harness": spec.name, "task_type": tasks[g].type, "task_id": tasks[g].task_id,
             "base_failure_mode": dominant_failure_mode([t.result for t in groups[g]]),
-            "success": is_success(traj.result, threshold), "num_turns": traj.result.get("num_turns", 0),
+            "success": success, "num_turns": traj.result.get("num_turns", 0),
             "num_tokens": traj.num_generated_tokens,
         })
+        if check_valid is not None and success:
+            validity = check_valid(tasks[g], spec, traj)
+            outcomes[-1].update(base_valid=validity.valid, base_valid_reason=validity.reason)
     return rescued, outcomes

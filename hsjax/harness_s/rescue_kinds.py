@@ -20,6 +20,10 @@ from hsjax.harness_s.rescue import FixedSiblings, NoRescue, RandomSiblings, Resc
 from hsjax.harness_s.router import HarnessSRescuer, Profiles, Router, VoterSpec
 from hsjax.infra import config_blocks
 
+# router.validity: "replay" checks every successful rescue against the base harness
+# (hsjax.harness_s.replay) and weighs siblings by the share that was valid; "off" checks nothing.
+VALIDITY_CHECKS = ("off", "replay")
+
 
 @dataclasses.dataclass(frozen=True)
 class NoRescueConfig(config_blocks.BlockConfig):
@@ -78,7 +82,7 @@ def _fixed(cfg: FixedRescueConfig, candidates: list, ctx: BuildContext) -> Rescu
 def _harness_s(cfg: HarnessSRescueConfig, candidates: list, ctx: BuildContext) -> Rescuer:
     if ctx.router is None:
         raise ValueError("rescue.kind=harness_s needs the router block: use the :harness_s variant")
-    return build_harness_s_rescuer(ctx.router, candidates, cfg.k, ctx.extra_voters)
+    return build_harness_s_rescuer(ctx.router, candidates, cfg.k, ctx.extra_voters, seed=ctx.seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +122,10 @@ def unread(block, path: str = "rescue") -> dict[str, str]:
     return config_blocks.unread(block, path, {kind: row.config for kind, row in RESCUE_KINDS.items()})
 
 
-def build_harness_s_rescuer(r, pool, k: int, extra_voters=()) -> HarnessSRescuer:
-    """The Harness-S rescuer from a `router` block (aggregation, profile_weight, explore, decay,
-    reanchor_every, voters: list of VoterSpec field dicts) over the sibling specs `pool`."""
+def build_harness_s_rescuer(r, pool, k: int, extra_voters=(), *, seed: int = 0) -> HarnessSRescuer:
+    """The Harness-S rescuer from a `router` block (aggregation, profile_weight, explore, selection,
+    tie_break, validity, validity_weight, decay, reanchor_every, voters: list of VoterSpec field
+    dicts) over the sibling specs `pool`; `seed` seeds its random choices (the run's seed)."""
     profiles = Profiles.from_pool(pool)
     voters = []
     fields = [f.name for f in dataclasses.fields(VoterSpec)]
@@ -134,7 +139,10 @@ def build_harness_s_rescuer(r, pool, k: int, extra_voters=()) -> HarnessSRescuer
     # Voters started by the run itself (local servers): their URLs change between runs, so they
     # never enter the config; the router's records of them are keyed by their stable names.
     voters.extend(VoterSpec(**dict(v)) for v in extra_voters)
+    if r.validity not in VALIDITY_CHECKS:
+        raise ValueError(f"router.validity={r.validity!r}: expected one of {VALIDITY_CHECKS}")
     router = Router([s.name for s in pool], profiles, voters, k=k, aggregation=r.aggregation,
                     profile_weight=r.profile_weight, explore=r.explore, decay=r.decay,
-                    reanchor_every=r.reanchor_every)
+                    reanchor_every=r.reanchor_every, selection=r.selection, tie_break=r.tie_break,
+                    seed=seed, validity_weight=r.validity_weight if r.validity == "replay" else 0.0)
     return HarnessSRescuer(pool, router)

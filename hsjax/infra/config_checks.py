@@ -69,6 +69,11 @@ CHECKS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("log.print_every", *COUNT), ("log.every", *COUNT), ("sft.save_every", *COUNT), ("sft.steps", *COUNT),
     ("*max_new_tokens", *COUNT), ("serve.max_batch", *COUNT), ("*.max_reply_bytes", *COUNT),
     ("eval.every", *NON_NEGATIVE), ("log.episodes_every", *NON_NEGATIVE), ("router.reanchor_every", *NON_NEGATIVE),
+    # the router's choices (docs/harness_s.md, "Router"); a typo would otherwise fail only at the first rescue
+    ("router.selection", lambda v: v in ("ucb", "thompson"), "one of 'ucb', 'thompson'"),
+    ("router.tie_break", lambda v: v in ("shuffle", "name"), "one of 'shuffle', 'name'"),
+    ("router.validity", lambda v: v in ("off", "replay"), "one of 'off', 'replay'"),
+    ("router.validity_weight", *NON_NEGATIVE),
     # how many tasks: Python slicing makes a negative limit "all but the last n", silently
     ("limit", *TASK_LIMIT), ("*.limit", *TASK_LIMIT), ("*.profile_limit", *TASK_LIMIT),
     ("runner.max_context_tokens", *NON_NEGATIVE), ("runner.max_context_chars", *NON_NEGATIVE),

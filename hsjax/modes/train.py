@@ -51,6 +51,10 @@ def unread(config) -> dict[str, str]:
         out["model.preset"] = out["model.tokenizer"] = "model.hf_dir is set: the model comes from there"
     if "router" in config and not config.router.local_voters:
         out["router.local_timeout_s"] = "router.local_voters is empty"
+    if "router" in config and config.router.selection == "thompson":
+        out["router.explore"] = "router.selection=thompson draws from the posteriors instead of a bonus"
+    if "router" in config and config.router.validity == "off":
+        out["router.validity_weight"] = "router.validity=off"
     if "distributed" in config and not config.distributed.enabled:
         for key in ("coordinator_address", "num_processes", "process_id", "initialization_timeout_s"):
             out[f"distributed.{key}"] = "distributed.enabled=False"
@@ -183,6 +187,9 @@ def step_metrics(groups, rescued, outcomes, update_metrics, rollouts: dict, dapo
     metrics["rescue/groups_rolled"] = sum(1 for pairs in rescued if pairs)
     metrics["rescue/rollout_success_frac"] = (
         float(np.mean([o["success"] for o in outcomes])) if outcomes else 0.0)
+    checked = [o["base_valid"] for o in outcomes if o.get("base_valid") is not None]
+    if checked:  # router.validity=replay: the share of checked successful rescues valid under base
+        metrics["rescue/base_valid_frac"] = float(np.mean(checked))
     metrics["tokens/generated"] = sum(t.num_generated_tokens for t in base + rescue)
     metrics.update(dapo_stats)
     return metrics
@@ -249,6 +256,7 @@ def main(config, workdir: str) -> dict:
     # the voter servers.
     local_voters = voter_servers.start_for_run(config, workdir, start=distributed.is_main())
     rescuer = builders.make_rescuer(config, pool, extra_voters=local_voters.specs)
+    check_valid = builders.make_validity_check(config, bench, base)  # None unless router.validity=replay
     harness_ids = {spec.name: i for i, spec in enumerate([base, *builders.rescue_harnesses(config, pool)])}
     data = TaskStream(train_tasks, seed=config.seed)
     log.info("train tasks: %d, eval sets: %s, rescue harnesses: %s", len(train_tasks),
@@ -318,7 +326,7 @@ def main(config, workdir: str) -> dict:
             rescued, outcomes = rescue_failed_groups(
                 step, tasks, groups, rescuer, runner,
                 phase_sampling(policy, config.rollout, phase_seed(config.seed, step, RESCUE_PHASE)),
-                m=config.rescue.m, threshold=config.loss.success_threshold, plan=plan)
+                m=config.rescue.m, threshold=config.loss.success_threshold, plan=plan, check_valid=check_valid)
             rescuer.observe(step, outcomes)
             rollouts = {"rollouts/base": drawn - before, "rollouts/rescue": runner.rollouts - drawn}
             t_rollout = time.perf_counter() - t_step

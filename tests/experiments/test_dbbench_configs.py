@@ -22,8 +22,11 @@ def test_eval_reads_its_config(tmp_path, variant):
     assert covered(unread, evaluate.unread(config)) == set()
 
 
-def test_train_reads_its_config(tmp_path):
+@pytest.mark.parametrize("router", [{}, {"selection": "thompson", "validity": "replay"}])
+def test_train_reads_its_config(tmp_path, router):
+    """Also with the router's Thompson draws and replay validity, whose keys change what is read."""
     config = experiments.get_config("dbbench", "smoke,harness_s")
+    config.router.update(router)
     config.total_steps = 2
     config.eval.every = 1
     config.eval.limit = 2

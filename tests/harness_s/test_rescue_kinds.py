@@ -20,8 +20,8 @@ def _pool():
 
 POOL = _pool()
 SIBLINGS = [s.name for s in POOL.siblings]
-ROUTER = ConfigDict({"aggregation": "borda", "profile_weight": 0.5, "explore": 0.0, "decay": 0.9,
-                     "reanchor_every": 0, "voters": ()})
+ROUTER = experiments.load("common").router()
+ROUTER.explore, ROUTER.reanchor_every = 0.0, 0
 
 
 def rescue(kind, **changes):

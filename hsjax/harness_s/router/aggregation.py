@@ -49,10 +49,14 @@ def combine(profile_scores: dict[str, float], vote_scores: dict[str, float] | No
             for h, p in profile_scores.items()}
 
 
-def ranked(scores: dict[str, float], profile_scores: dict[str, float]) -> list[str]:
-    """Candidates best first; ties by profile score, then by name."""
+def ranked(scores: dict[str, float], profile_scores: dict[str, float],
+           tie_order: Sequence[str] | None = None) -> list[str]:
+    """Candidates best first; ties by profile score, then by their place in `tie_order` (the
+    router's seeded shuffle), then by name."""
+    place = {h: i for i, h in enumerate(tie_order or ())}
     return sorted(scores, key=lambda h: (-round(scores[h], _TIE_DIGITS),
-                                         -round(profile_scores.get(h, 0.0), _TIE_DIGITS), h))
+                                         -round(profile_scores.get(h, 0.0), _TIE_DIGITS),
+                                         place.get(h, len(place)), h))
 
 
 def mode_frequencies(failed_results: Sequence[dict]) -> dict[str, float]:
@@ -112,4 +116,5 @@ def rescue_outcome(outcome: dict, pending: dict | None) -> dict:
         task_type = pending.get("task_type")
     return {"harness": outcome["harness"], "task_type": task_type, "base_failure_mode": mode,
             "success": bool(success), "num_turns": outcome.get("num_turns"),
-            "num_tokens": outcome.get("num_tokens"), "snippet": _snippet(outcome) or None}
+            "num_tokens": outcome.get("num_tokens"), "snippet": _snippet(outcome) or None,
+            "base_valid": outcome.get("base_valid")}

@@ -16,6 +16,13 @@ shrunk toward the one above with strength `backoff` (pseudo-observations):
 
 A cell with no data gives the level above; a cell with much data speaks for itself. The mode cell
 is the last, most specific level because the failure mode is what a repair direction targets.
+
+A fourth cell, `valid`, counts whether a sibling's successful rescues were valid base trajectories
+(`hsjax.harness_s.replay`: their replies replay to success under the base harness and use nothing
+only the sibling's observations showed). `validity(h)` is its posterior mean under a Beta(1, 1)
+prior, so a sibling with no checked rescue has validity 0.5 like every other; the router multiplies
+a sibling's score by validity**validity_weight, which down-weights siblings that rescue by leaking
+what the base harness hides (testbed: `schema_reminder`). The cell decays with the others.
 """
 from __future__ import annotations
 
@@ -50,6 +57,7 @@ class SiblingProfile:
     overall: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.0])
     by_type: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     by_mode: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    valid: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.0])  # [valid, not] base replays
     turns_sum: float = 0.0
     turns_n: float = 0.0
     tokens_sum: float = 0.0
@@ -72,6 +80,7 @@ class SiblingProfile:
 
     @classmethod
     def from_dict(cls, d: dict) -> "SiblingProfile":
+        # Profiles saved before the validity cell existed load with an empty one.
         return cls(**{k: d[k] for k in d})
 
 
@@ -124,7 +133,8 @@ class Profiles:
 
     def update(self, outcomes: Iterable[dict]) -> int:
         """Folds rescue outcomes in; returns how many. Keys: `harness`, `success` (required),
-        `task_type`, `base_failure_mode`, `num_turns`, `num_tokens`, `snippet` (optional)."""
+        `task_type`, `base_failure_mode`, `num_turns`, `num_tokens`, `snippet`, `base_valid` (optional:
+        True/False when a successful rescue was checked against the base harness, None when not)."""
         count = 0
         for o in outcomes:
             for key in ("harness", "success"):
@@ -139,6 +149,8 @@ class Profiles:
                 p.by_type.setdefault(str(o["task_type"]), [0.0, 0.0])[idx] += 1.0
             if o.get("base_failure_mode") is not None:
                 p.by_mode.setdefault(str(o["base_failure_mode"]), [0.0, 0.0])[idx] += 1.0
+            if ok and o.get("base_valid") is not None:
+                p.valid[0 if o["base_valid"] else 1] += 1.0
             if o.get("num_turns") is not None:
                 p.turns_sum += float(o["num_turns"])
                 p.turns_n += 1.0
@@ -159,7 +171,7 @@ class Profiles:
         if not 0.0 <= factor <= 1.0:
             raise ValueError(f"Profiles.decay factor={factor}: must be in [0, 1] (1 = no decay)")
         for p in self.profiles.values():
-            for cell in [p.overall, *p.by_type.values(), *p.by_mode.values()]:
+            for cell in [p.overall, p.valid, *p.by_type.values(), *p.by_mode.values()]:
                 cell[0] *= factor
                 cell[1] *= factor
             p.turns_sum *= factor
@@ -195,6 +207,20 @@ class Profiles:
         """Posterior mean rescue rate with backoff mode -> type -> overall -> prior (module doc)."""
         return self._estimate(harness, task_type, failure_mode)[0]
 
+    def validity(self, harness: str) -> float:
+        """Posterior mean (Beta(1, 1) prior) of the share of the sibling's checked successful rescues
+        that were valid base trajectories; 0.5 for a sibling with none checked (module doc)."""
+        if harness not in self.profiles:
+            return 0.5
+        v, nv = self.profiles[harness].valid
+        return (1.0 + v) / (2.0 + v + nv)
+
+    def thompson(self, harness: str, task_type: str | None, failure_mode: str | None, rng) -> float:
+        """A draw from the Beta with the score's mean and strength (Thompson sampling): cells with
+        little evidence spread widely, so a sibling never tried is sometimes ranked first."""
+        mean, strength = self._estimate(harness, task_type, failure_mode)
+        return float(rng.beta(max(mean * strength, 1e-6), max((1.0 - mean) * strength, 1e-6)))
+
     def uncertainty(self, harness: str, task_type: str | None = None,
                     failure_mode: str | None = None) -> float:
         """Standard deviation of the Beta with the score's mean and strength: sqrt(m(1-m)/(strength+1)).
@@ -209,6 +235,9 @@ class Profiles:
         lines = [f"harness: {p.name}" + (f" (repair direction: {p.direction})" if p.direction else ""),
                  f"rescue rate overall: {a / (a + b):.2f} ({_fmt_count(p.overall[0])} of "
                  f"{_fmt_count(p.n)} rescue rollouts succeeded)"]
+        if sum(p.valid) > 0:
+            lines.append(f"valid base trajectories among checked rescues: {self.validity(harness):.2f} "
+                         f"({_fmt_count(p.valid[0])} of {_fmt_count(sum(p.valid))})")
         for title, cells in (("by base failure mode", p.by_mode), ("by task type", p.by_type)):
             rows = sorted(cells.items(), key=lambda kv: (-(kv[1][0] + kv[1][1]), kv[0]))[:max_rows]
             if rows:

@@ -6,8 +6,21 @@ For each candidate h of the pool the router computes
     votes(h)   = the aggregated voter rankings, in [0, 1] (see `aggregate`)
     score(h)   = profile_weight * profile(h) + (1 - profile_weight) * votes(h)
 
-and returns the k best, ties broken by profile(h), then by name. When no voter answers (or none
-is configured) score(h) = profile(h): the router falls back to the profiles alone.
+and returns the k best, ties broken by profile(h), then by a seeded shuffle of the pool
+(`tie_break="shuffle"`) or by name (`tie_break="name"`). When no voter answers (or none is
+configured) score(h) = profile(h): the router falls back to the profiles alone.
+
+Exploration (`selection`): `ucb` adds a bonus to each posterior mean that shrinks with the sibling's
+own evidence (`exploration_bonus`); `thompson` replaces the mean by one draw from its Beta posterior
+(`Profiles.thompson`), so siblings with little evidence are tried in proportion to their chance of
+being best. Why the shuffle: at a cold start every sibling scores the same, and testbed v3's
+alphabetical tie order sent the first steps' rescues of every failed group to the same decoys. Every
+random choice of a decision comes from `decision_rng(step, group, task)`, a generator seeded by the
+router's seed and those three alone, so a resumed run decides exactly as the uninterrupted one.
+
+Validity (`validity_weight` w > 0): score(h) is multiplied by validity(h)**w, the posterior share of
+h's checked successful rescues that were valid base trajectories (`hsjax.harness_s.replay`), so a
+sibling whose rescues rest on what only it shows the policy loses rank as the evidence comes in.
 
 Outcomes of the rescue rollouts feed back twice: into the profiles (the sibling's Beta counts for
 the task type and the base group's failure mode) and into each voter's record, for `weighted`
@@ -24,12 +37,18 @@ import dataclasses
 import json
 import math
 import time
+import zlib
 from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 from hsjax.harness_s.router.aggregation import (AGGREGATIONS, aggregate, combine, dominant_mode, group_summary,
                                                 mode_frequencies, ranked, rescue_outcome, task_field)
 from hsjax.harness_s.router.profiles import Profiles
 from hsjax.harness_s.router.voters import LLMVoter, VoteCache, VoteRequest, VoterSpec, vote_all
+
+SELECTIONS = ("ucb", "thompson")
+TIE_BREAKS = ("shuffle", "name")
 
 
 @dataclasses.dataclass
@@ -52,6 +71,7 @@ class Router:
     `voters`: VoterSpecs (or LLMVoters). `reanchor_every` = R steps (0: never by itself);
     `decay`: factor applied to profile and voter counts at each re-anchoring; `online`: fold rescue
     outcomes into the profiles as they arrive (True) or buffer them until the next re-anchoring.
+    `selection`, `tie_break`, `seed` and `validity_weight`: the module doc.
     """
 
     def __init__(self, pool_names: Sequence[str], profiles: Profiles | None = None,
@@ -59,7 +79,8 @@ class Router:
                  profile_weight: float = 0.5, *, explore: float = 0.2,
                  voter_prior: tuple[float, float] = (1.0, 1.0), decay: float = 0.9,
                  reanchor_every: int = 0, online: bool = True, deadline_s: float | None = None,
-                 cache_size: int = 4096, max_pending: int = 4096):
+                 cache_size: int = 4096, max_pending: int = 4096, selection: str = "ucb",
+                 tie_break: str = "shuffle", seed: int = 0, validity_weight: float = 0.0):
         self.pool_names = list(pool_names)
         if not self.pool_names or len(set(self.pool_names)) != len(self.pool_names):
             raise ValueError(f"Router pool_names must be non-empty and unique, got {self.pool_names}")
@@ -80,6 +101,14 @@ class Router:
             raise ValueError(f"Router voter names must be unique, got {names}")
         if explore < 0:
             raise ValueError(f"Router explore={explore}: must be >= 0 (0 = pure posterior means)")
+        if selection not in SELECTIONS:
+            raise ValueError(f"Router selection={selection!r}: expected one of {SELECTIONS}")
+        if tie_break not in TIE_BREAKS:
+            raise ValueError(f"Router tie_break={tie_break!r}: expected one of {TIE_BREAKS}")
+        if validity_weight < 0:
+            raise ValueError(f"Router validity_weight={validity_weight}: must be >= 0 (0 = ignore validity)")
+        self.selection, self.tie_break, self.seed = selection, tie_break, int(seed)
+        self.validity_weight = float(validity_weight)
         self.k, self.aggregation, self.profile_weight = k, aggregation, profile_weight
         self.explore = float(explore)
         self.voter_prior = (float(voter_prior[0]), float(voter_prior[1]))
@@ -110,11 +139,18 @@ class Router:
         return {v.name: v.spec.weight * (a0 + self.voter_stats[v.name][0])
                 / (a0 + b0 + sum(self.voter_stats[v.name])) for v in self.voters}
 
+    def decision_rng(self, step: int | None, group_index: int | None, task_id: Any) -> np.random.Generator:
+        """The generator of one decision's random choices (Thompson draws, the tie shuffle): a
+        function of (seed, step, group, task) only, so it does not depend on earlier decisions."""
+        task_key = zlib.crc32(str(task_id).encode())
+        return np.random.default_rng([self.seed % 2**32, 0 if step is None else step + 1,
+                                      0 if group_index is None else group_index + 1, task_key])
+
     def exploration_bonus(self, harness: str, failure_mode: str | None) -> float:
         """UCB-style: explore * sqrt(ln(1 + N) / (1 + n)), n = the sibling's (decayed) observations
         for this failure mode, N = the whole pool's. A sibling never tried on a mode gets the
         largest bonus, which shrinks as its own evidence grows."""
-        if not self.explore:
+        if not self.explore or self.selection != "ucb":
             return 0.0
         def cell_n(h):
             p = self.profiles[h]
@@ -123,14 +159,25 @@ class Router:
         total = sum(cell_n(h) for h in self.pool_names)
         return self.explore * math.sqrt(math.log1p(total) / (1.0 + cell_n(harness)))
 
-    def profile_scores(self, task_type: str | None, freqs: dict[str, float]) -> dict[str, float]:
-        """sum over the group's failure modes m of freq(m) * (score(h, type, m) + bonus(h, m))."""
+    def profile_scores(self, task_type: str | None, freqs: dict[str, float],
+                       rng: np.random.Generator | None = None) -> dict[str, float]:
+        """sum over the group's failure modes m of freq(m) * (score(h, type, m) + bonus(h, m)) under
+        `ucb`, of freq(m) * (a Beta draw for (h, type, m)) under `thompson` (draws from `rng`, in
+        pool order); times validity(h)**validity_weight."""
+        if self.selection == "thompson" and rng is None:
+            raise ValueError("Router.profile_scores under selection='thompson' needs the decision's rng")
+
         def one(h, m):
+            if self.selection == "thompson":
+                return self.profiles.thompson(h, task_type, m, rng)
             return self.profiles.score(h, task_type, m) + self.exploration_bonus(h, m)
 
-        if not freqs:
-            return {h: one(h, None) for h in self.pool_names}
-        return {h: sum(f * one(h, m) for m, f in freqs.items()) for h in self.pool_names}
+        modes = freqs or {None: 1.0}
+        return {h: sum(f * one(h, m) for m, f in modes.items()) * self.validity_factor(h)
+                for h in self.pool_names}
+
+    def validity_factor(self, harness: str) -> float:
+        return self.profiles.validity(harness) ** self.validity_weight if self.validity_weight else 1.0
 
     def top_k(self, task: Any, failed_results: Sequence[dict], *, step: int | None = None,
               group_index: int | None = None) -> Decision:
@@ -140,7 +187,11 @@ class Router:
         task_id = task_field(task, "task_id", first.get("task_id"))
         task_type = task_field(task, "type", first.get("type"))
         freqs = mode_frequencies(failed_results)
-        prof = self.profile_scores(task_type, freqs)
+        rng = self.decision_rng(step, group_index, task_id)
+        tie_order = None
+        if self.tie_break == "shuffle":
+            tie_order = [self.pool_names[i] for i in rng.permutation(len(self.pool_names))]
+        prof = self.profile_scores(task_type, freqs, rng)
 
         votes, failures, vote_scores = {}, {}, None
         if self.voters:
@@ -158,7 +209,7 @@ class Router:
             if votes:
                 vote_scores = aggregate(votes, self.pool_names, self.aggregation, self.voter_weights())
         scores = combine(prof, vote_scores, self.profile_weight)
-        chosen = ranked(scores, prof)[: self.k]
+        chosen = ranked(scores, prof, tie_order)[: self.k]
         mode = dominant_mode(freqs)
         reasons = [self._reason(h, scores, prof, vote_scores, votes, task_type, mode) for h in chosen]
         self.counters["decisions"] += 1
@@ -193,7 +244,14 @@ class Router:
                     else f"no {mode} evidence yet, overall {p.overall[0]:.1f}/{p.n:.1f}" if mode
                     else f"overall {p.overall[0]:.1f}/{p.n:.1f} rescued")
         text = f"{h}: score {scores[h]:.3f}; profile {prof[h]:.3f} ({evidence}"
-        text += f", exploration bonus {self.exploration_bonus(h, mode):.3f})" if self.explore else ")"
+        if self.selection == "thompson":
+            text += ", a Thompson draw"
+        elif self.explore:
+            text += f", exploration bonus {self.exploration_bonus(h, mode):.3f}"
+        if self.validity_weight:
+            v, nv = p.valid
+            text += f", base-valid {v:.1f}/{v + nv:.1f} of checked rescues (x{self.validity_factor(h):.2f})"
+        text += ")"
         if vote_scores is None:
             return text + "; profiles only (no voter answered)" if self.voters else text
         first = sum(1 for r in votes.values() if r and r[0] == h)

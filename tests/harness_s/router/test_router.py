@@ -63,7 +63,7 @@ def test_combine_and_deterministic_tie_break():
 def test_router_without_voters_uses_profiles():
     p = Profiles(CANDS)
     p.update([{"harness": "c", "base_failure_mode": "m", "success": True}] * 3)
-    router = Router(CANDS, p, k=2, explore=0.0)
+    router = Router(CANDS, p, k=2, explore=0.0, tie_break="name")
     d = router.top_k({"task_id": 1, "type": "select"}, [{"failure_mode": "m"}] * 4)
     assert d.fallback and d.votes == {} and d.voter_failures == 0
     assert d.harnesses == ["c", "a"]  # c learned; a, b, d tie at the prior -> by name
@@ -78,7 +78,7 @@ def test_fallback_when_every_voter_fails(openai_server):
     gone.close()
     url = gone.base_url
     voters = [VoterSpec(f"v{i}", url, "m", timeout_s=0.5, max_retries=0) for i in range(2)]
-    router = Router(CANDS, p, voters, k=2, aggregation="weighted", explore=0.0)
+    router = Router(CANDS, p, voters, k=2, aggregation="weighted", explore=0.0, tie_break="name")
     d = router.top_k({"task_id": 1}, [{"failure_mode": "m"}])
     assert d.fallback and d.voter_failures == 2
     assert d.failures == {"v0": "connection_error", "v1": "connection_error"}
@@ -110,7 +110,7 @@ def test_weighted_voters_earn_weight_from_rescues(openai_server):
     bad = openai_server(ranking_reply(["y", "z", "x"]))
     voters = [VoterSpec("good", good.base_url, "m"), VoterSpec("bad", bad.base_url, "m")]
     router = Router(["x", "y", "z"], Profiles(["x", "y", "z"]), voters, k=2, aggregation="weighted",
-                    profile_weight=0.0)
+                    profile_weight=0.0, tie_break="name")
     d = router.top_k({"task_id": "t1"}, [{"failure_mode": "m"}])
     # Borda, n=3: x 2+0, y 0+2, z 1+1, over 2 voters * 2 points: a tie, broken by name.
     assert d.scores == {"x": 0.5, "y": 0.5, "z": 0.5} and d.harnesses == ["x", "y"]
@@ -123,6 +123,80 @@ def test_weighted_voters_earn_weight_from_rescues(openai_server):
     assert d.scores == pytest.approx({"x": 2 / 3, "y": 1 / 3, "z": 1 / 2})
     assert d.harnesses == ["x", "z"]
     assert not router.pending.get("t1")
+
+
+# ---------------------------------------------------------------------------------------------
+# Cold start and exploration
+
+
+def cold_start_firsts(router, groups=60):
+    return [router.top_k({"task_id": f"t{g}"}, [{"failure_mode": "m"}], step=0, group_index=g).harnesses[0]
+            for g in range(groups)]
+
+
+def test_cold_start_ties_spread_over_the_pool_not_to_the_first_names():
+    """Testbed v3's alphabetical ties sent every early rescue to the same decoys; the seeded shuffle
+    spreads them, reproducibly, and differs between seeds."""
+    names = [f"s{i}" for i in range(6)]
+    firsts = cold_start_firsts(Router(names, k=2, seed=0))
+    assert set(firsts) == set(names)  # 60 groups: every sibling is somebody's first choice
+    assert firsts == cold_start_firsts(Router(names, k=2, seed=0))
+    assert firsts != cold_start_firsts(Router(names, k=2, seed=1))
+    assert set(cold_start_firsts(Router(names, k=2, tie_break="name"))) == {"s0"}
+
+
+def test_thompson_explores_the_untried_and_exploits_the_proven():
+    names = ["proven", "bad", "untried"]
+    p = Profiles(names)
+    p.update([{"harness": "proven", "base_failure_mode": "m", "success": True}] * 30
+             + [{"harness": "proven", "base_failure_mode": "m", "success": False}] * 10
+             + [{"harness": "bad", "base_failure_mode": "m", "success": False}] * 40)
+    router = Router(names, p, k=1, selection="thompson")
+    firsts = cold_start_firsts(router, groups=400)
+    share = {h: firsts.count(h) / len(firsts) for h in names}
+    # P(Beta(1, 1) > Beta(31, 11)-ish) is about 0.26: the untried sibling is tried, the proven
+    # one wins most decisions, the refuted one almost never.
+    assert share["proven"] > 0.6 and 0.1 < share["untried"] < 0.4 and share["bad"] < 0.02, share
+    assert "a Thompson draw" in router.drain_log()[0]["reasons"][0]
+    assert router.exploration_bonus("untried", "m") == 0.0  # no bonus on top of the draw
+
+
+def test_thompson_decisions_resume_exactly():
+    """A decision's draws depend on (seed, step, group, task) only: a router restored from a
+    checkpoint decides as the one that never stopped, whatever came before."""
+    def make():
+        return HarnessSRescuer(POOL, k=2, selection="thompson", seed=7, reanchor_every=3, decay=0.8)
+
+    original = make()
+    run_online(original, random.Random(4), steps=6, groups_per_step=3)
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(original.state_dict())))
+    original.router.drain_log()
+    decisions = []
+    for rescuer in (original, resumed):
+        run_online(rescuer, random.Random(5), steps=4, groups_per_step=3)
+        decisions.append([(r["harnesses"], r["scores"]) for r in rescuer.router.drain_log()])
+    assert decisions[0] == decisions[1]
+    other_seed = HarnessSRescuer(POOL, k=2, selection="thompson", seed=8, reanchor_every=3, decay=0.8)
+    other_seed.load_state_dict(json.loads(json.dumps(original.state_dict())))
+    run_online(other_seed, random.Random(5), steps=1, groups_per_step=3)
+    assert [r["scores"] for r in other_seed.router.drain_log()] != [s for _, s in decisions[0][:3]]
+
+
+def test_validity_weight_scales_scores_by_the_valid_share():
+    p = Profiles(["leaky", "clean"])
+    p.update([{"harness": "leaky", "success": True, "base_valid": False}] * 8
+             + [{"harness": "clean", "success": True, "base_valid": True}] * 2
+             + [{"harness": "clean", "success": False}] * 6)
+    assert p.validity("leaky") == pytest.approx(1 / 10) and p.validity("clean") == pytest.approx(3 / 4)
+    plain = Router(["leaky", "clean"], Profiles.from_dict(p.to_dict()), k=1, explore=0.0)
+    assert plain.top_k({"task_id": 1}, [{}]).harnesses == ["leaky"]  # 9/10 rescued vs 3/10
+    weighted = Router(["leaky", "clean"], p, k=1, explore=0.0, validity_weight=1.0)
+    d = weighted.top_k({"task_id": 1}, [{}])
+    assert d.harnesses == ["clean"]
+    assert d.profile_scores["leaky"] == pytest.approx(0.9 * 0.1)
+    p.decay(0.5)
+    assert p["leaky"].valid == [0.0, 4.0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,7 +315,7 @@ def test_reanchor_decays_once_per_step_and_accepts_probes():
 
 
 def test_every_decision_is_logged_and_drained():
-    router = Router(["x", "y"], k=1)
+    router = Router(["x", "y"], k=1, tie_break="name")
     for i in range(3):
         router.top_k({"task_id": i, "type": "select"}, [{"failure_mode": "m"}], step=7, group_index=i)
     log = router.drain_log()
@@ -272,6 +346,12 @@ def test_bad_configs_name_the_problem():
         Router(["x", "y"], k=3)
     with pytest.raises(ValueError, match="aggregation"):
         Router(["x"], k=1, aggregation="plurality")
+    with pytest.raises(ValueError, match="selection='greedy'"):
+        Router(["x"], k=1, selection="greedy")
+    with pytest.raises(ValueError, match="tie_break='alpha'"):
+        Router(["x"], k=1, tie_break="alpha")
+    with pytest.raises(ValueError, match="validity_weight=-1"):
+        Router(["x"], k=1, validity_weight=-1)
     with pytest.raises(ValueError, match="not in the pool"):
         HarnessSRescuer([Spec("x")], Router(["x", "y"], k=1))
     with pytest.raises(ValueError, match="lacks 'router'"):

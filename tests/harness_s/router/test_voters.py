@@ -68,7 +68,7 @@ def test_disagreeing_voters_borda_and_majority(openai_server):
     assert d.scores == pytest.approx({"lenient_parse": 0.5, "schema_reminder": 4 / 6, "verify_answer": 2 / 6})
     # Majority: one first place each -> a three-way tie, broken by profile score, then name.
     majority = Router(list(CANDIDATES), Profiles(CANDIDATES), vs, k=3, aggregation="majority",
-                      profile_weight=0.0, explore=0.0)
+                      profile_weight=0.0, explore=0.0, tie_break="name")
     assert majority.top_k({"task_id": "t1"}, [{}]).harnesses == sorted(CANDIDATES)
     majority.profiles.update([{"harness": "verify_answer", "success": True}])
     assert majority.top_k({"task_id": "t2"}, [{}]).harnesses[0] == "verify_answer"
