@@ -185,7 +185,12 @@ def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, e
     add_sampling(c.eval, greedy=True, max_new_tokens=256)
     c.checkpoint = ConfigDict({"every": 10, "keep": 3})
     c.log = ConfigDict({"tensorboard": True, "progress": True, "episodes_every": 10,
-                        "print_every": 5})  # a console line every this many steps
+                        "print_every": 5,  # a console line every this many steps
+                        # W&B: off | offline (`wandb sync` later) | online; optional: pip install wandb
+                        # (docs/training.md, "Tracking"); an empty run name is the workdir's name
+                        "wandb": "off", "wandb_project": "hsjax", "wandb_entity": "", "wandb_run_name": "",
+                        # each evaluation's sample table: its first rows, replies cut to this many characters
+                        "table_rows": 16, "table_chars": 400})
     c.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
     c.sharding_rules = ()  # (logical, mesh axes) pairs; empty = hsjax.infra.sharding.DEFAULT_RULES
     # Multi-host (docs/scaling.md): one process per host. Unset address/count/id are detected by JAX

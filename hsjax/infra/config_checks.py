@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 
 from ml_collections import ConfigDict
 
+from hsjax.infra import tracking
 from hsjax.infra.errors import UserError
 
 
@@ -69,6 +70,8 @@ CHECKS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("log.print_every", *COUNT), ("log.every", *COUNT), ("sft.save_every", *COUNT), ("sft.steps", *COUNT),
     ("*max_new_tokens", *COUNT), ("serve.max_batch", *COUNT), ("*.max_reply_bytes", *COUNT),
     ("eval.every", *NON_NEGATIVE), ("log.episodes_every", *NON_NEGATIVE), ("router.reanchor_every", *NON_NEGATIVE),
+    ("log.table_rows", *NON_NEGATIVE), ("log.table_chars", *NON_NEGATIVE),
+    ("log.wandb", lambda v: v in tracking.WANDB_MODES, "one of 'off', 'offline', 'online' (docs/training.md, Tracking)"),
     # the router's choices (docs/harness_s.md, "Router"); a typo would otherwise fail only at the first rescue
     ("router.selection", lambda v: v in ("ucb", "thompson"), "one of 'ucb', 'thompson'"),
     ("router.tie_break", lambda v: v in ("shuffle", "name"), "one of 'shuffle', 'name'"),
@@ -135,5 +138,6 @@ def check(config: ConfigDict) -> None:
     """Raises one `UserError` naming every out-of-range value of `config`, and how to fix it."""
     found = violations(config)
     found += relation_violations(config) if not found else []
+    found += tracking.missing_packages(config) if not found else []
     if found:
         raise UserError("; ".join(found) + ". Fix the value on the command line or in the experiment file")

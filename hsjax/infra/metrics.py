@@ -1,4 +1,6 @@
-"""Metric sinks for the training loop: `metrics.jsonl` rows, TensorBoard scalars, episode samples.
+"""JSON for a run's records: `metrics.jsonl` rows (read back, truncated on resume), episode samples,
+atomic JSON files, and values made JSON-ready. The writer of each step's metrics to JSON lines,
+TensorBoard and W&B is `hsjax.infra.tracking`.
 
 Every row carries `step`; metric names are slash-separated (`reward/mean`, `loss/pg`, ...).
 Values are converted to plain Python floats on the host once per step, never inside the jitted
@@ -78,43 +80,6 @@ def truncate_strings(value: Any, max_chars: int) -> Any:
     if isinstance(value, (list, tuple)):
         return [truncate_strings(v, max_chars) for v in value]
     return value
-
-
-class MetricWriter:
-    """Appends metric rows to `<workdir>/metrics.jsonl` and mirrors scalars to TensorBoard.
-    Disabled (`enabled=False`: every process of a multi-process run but the first), it writes
-    nothing and `write` still returns the row."""
-
-    def __init__(self, workdir: str, tensorboard: bool = True, enabled: bool = True):
-        self.path = os.path.join(workdir, "metrics.jsonl")
-        self.enabled = enabled
-        self._tb = None
-        if tensorboard and enabled:
-            from tensorboardX import SummaryWriter  # Imported lazily: only the loop needs it.
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
-
-    def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
-        row = {"step": int(step)}
-        row.update({k: to_python(v) for k, v in metrics.items()})
-        if not self.enabled:
-            return row
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
-        if self._tb is not None:
-            for name, value in row.items():
-                if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(name, value, int(step))
-            self._tb.flush()
-        return row
-
-    def truncate_after(self, step: int) -> None:
-        """Drops rows written after `step`: a resumed run rewrites them exactly, without duplicates."""
-        if self.enabled:
-            truncate_jsonl_after(self.path, step)
-
-    def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
 
 
 def _parse_rows(lines):

@@ -23,7 +23,7 @@ import tqdm
 from hsjax import builders, voter_servers
 from hsjax.harness_s.rescue import plan_rescue, rescue_failed_groups
 from hsjax.infra import checkpoint as ckpt_lib
-from hsjax.infra import console, distributed, host_memory, sharding
+from hsjax.infra import console, distributed, host_memory, sharding, tracking
 from hsjax.infra import metrics as metrics_lib
 from hsjax.infra.errors import RunStopped, UserError
 from hsjax.policies.tokens import render_prompt
@@ -44,7 +44,8 @@ STEP_LINE = {"reward": "reward/mean", "rescued groups": "rescue/groups_rolled",
 def unread(config) -> dict[str, str]:
     """{key: why} for keys this config holds that its chosen kinds never read (run.py rejects
     overriding them)."""
-    out = {**builders.rescue_unread(config), **builders.benchmark_unread(config), **builders.rollout_unread(config)}
+    out = {**builders.rescue_unread(config), **builders.benchmark_unread(config), **builders.rollout_unread(config),
+           **tracking.unread(config)}
     if not config.dapo.enabled:
         out["dapo.max_draws"] = "dapo.enabled=False"
     if config.model.hf_dir:
@@ -226,10 +227,8 @@ def main(config, workdir: str) -> dict:
     # ----------------------------------------------------------------------------------------------
     # Workdir: the config is written only now that what it names (benchmark, pool, splits, model) has
     # loaded, so a launch with a bad value leaves a resumable workdir's config.json as it was.
-    os.makedirs(workdir, exist_ok=True)
-    if distributed.is_main():
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    # The metric writer (hsjax/infra/tracking.py) writes config.json and opens the W&B run, if any.
+    writer = tracking.from_config(config, workdir, enabled=distributed.is_main())
     # Each process samples with its own full copy of the params (`distributed.local_copy`), with
     # the JAX sampler or a vLLM engine (`rollout.backend`).
     policy = builders.make_rollout_policy(config, model_cfg, distributed.local_copy(params), tokenizer)
@@ -265,8 +264,6 @@ def main(config, workdir: str) -> dict:
     # ----------------------------------------------------------------------------------------------
     # Checkpoint: resume from the latest good one.
     checkpointer = ckpt_lib.Checkpointer(workdir, keep=config.checkpoint.keep)
-    writer = metrics_lib.MetricWriter(workdir, tensorboard=config.log.tensorboard,
-                                      enabled=distributed.is_main())
     start_step = 0
     restored = checkpointer.restore_latest(state)
     if restored is not None:

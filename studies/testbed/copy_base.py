@@ -28,6 +28,7 @@ import os
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import console
 from hsjax.infra import metrics as metrics_lib
+from hsjax.infra import tracking
 from hsjax.infra.errors import UserError
 from hsjax.models import save_pretrained
 from hsjax.models.tokenizer import tiny_tokenizer
@@ -64,7 +65,7 @@ def main(config, workdir: str) -> dict:
     opt_state = copy_warmup.warmup_optimizer(sft.copy_warmup_lr, total).init(params)
 
     checkpointer = ckpt_lib.Checkpointer(workdir, keep=1)
-    writer = metrics_lib.MetricWriter(workdir, tensorboard=config.log.tensorboard)
+    writer = tracking.metric_writer(workdir, tensorboard=config.log.tensorboard)
     start = 0
     restored = checkpointer.restore_latest({"params": params, "opt_state": opt_state})
     if restored is not None:

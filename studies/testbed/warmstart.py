@@ -41,6 +41,7 @@ from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import console
 from hsjax.infra.errors import UserError
 from hsjax.infra import metrics as metrics_lib
+from hsjax.infra import tracking
 from hsjax.models import get_preset, init_params, load_pretrained, save_pretrained
 from hsjax.models.tokenizer import IM_END, tiny_tokenizer
 from hsjax.policies.base import SamplingParams
@@ -275,7 +276,7 @@ def main(config, workdir: str) -> dict:
     # Resume: params, optimizer state and the batch stream of the latest checkpoint; the data are
     # rebuilt deterministically from the config, so the stream position is the step count.
     checkpointer = ckpt_lib.Checkpointer(workdir, keep=1)
-    writer = metrics_lib.MetricWriter(workdir, tensorboard=config.log.tensorboard)
+    writer = tracking.metric_writer(workdir, tensorboard=config.log.tensorboard)
     batches = BucketedBatches(data, config.sft.batch_size, config.seed)
     start_step = 0
     restored = checkpointer.restore_latest({"params": params, "opt_state": opt_state})

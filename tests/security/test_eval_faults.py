@@ -19,7 +19,8 @@ import sys
 from harness_envs.dbbench.benchmark import DBBench
 from hsjax.infra import console, experiments
 from hsjax.infra.episode_log import EpisodeLog, fingerprint
-from hsjax.infra.metrics import MetricWriter, append_jsonl, write_episodes, write_json
+from hsjax.infra.metrics import append_jsonl, write_episodes, write_json
+from hsjax.infra.tracking import metric_writer
 from hsjax.modes import evaluate
 from tests.faults.hostile import dbbench_oracle, hostile, invalid_utf8_sql, surrogate_sql  # noqa: F401 (fixture)
 from tests.modes.test_run_errors import ENV, REPO
@@ -91,7 +92,7 @@ def test_every_json_and_log_writer_takes_unencodable_strings(tmp_path, capsys):
     write_json(tmp_path / "eval" / "x.json", record)
     append_jsonl(str(tmp_path / "rows.jsonl"), [record])
     write_episodes(str(tmp_path), 3, [record])
-    MetricWriter(str(tmp_path), tensorboard=False).write(1, {"sample/reply": hostile_text})
+    metric_writer(str(tmp_path), tensorboard=False).write(1, {"sample/reply": hostile_text})
     log = EpisodeLog(tmp_path / "eval" / "x.episodes.jsonl", "fp")
     log.start({0: record})
     log.append({1: record})
