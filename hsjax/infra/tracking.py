@@ -18,8 +18,8 @@ imported only when `log.wandb` is not `off`, and a missing package is one line b
 id and the last step logged are kept in `<workdir>/wandb/hsjax_run.json`, so a resumed run continues
 the same W&B run and never logs a step twice (W&B keeps no way to delete a logged step: a step the
 killed run logged after its last checkpoint keeps the values it logged then). Its own log records go
-to its files under `wandb/` and to `log.txt`, never to the console (`silent`, no console capture);
-offline it samples no system metrics, so nothing of it reaches for the network.
+to its files under `wandb/`, never to the console (`silent`, no console capture; `log.txt` gets one
+line naming the run); offline it samples no system metrics, so nothing of it reaches for the network.
 
 Only the main process of a multi-process run writes (`enabled`); the others hold no backend, and
 `write` still returns the row.
