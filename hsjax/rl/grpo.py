@@ -8,7 +8,7 @@ and finally the optimizer update, kept only when loss, gradient and new params a
 (docs/training.md, "Non-finite updates"). The math of the loss lives in `losses.py`.
 """
 import functools
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -94,8 +94,13 @@ def split_micro(x, num_micro_batches):
 
 
 def compute_grads(params, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
-                  num_micro_batches: int = 1, micro_T: Optional[Tuple[int, ...]] = None):
+                  num_micro_batches: int = 1, micro_T: Optional[Tuple[int, ...]] = None,
+                  frozen=None, materialize: Optional[Callable] = None):
     """Gradient of the batch loss w.r.t. params and the metrics of the batch (no optimizer).
+
+    With `materialize`, `params` are the trainable leaves only (LoRA adapters) and the model runs
+    on `materialize(frozen, params)` (`hsjax.models.lora.merge`): the gradient reaches `params`
+    through it and `frozen` gets none.
 
     `micro_T` (static; from `batch.group_by_length`): per micro-batch, the length its rows are cut
     to, 0 to skip it (only empty slots). The micro-batches then run one after another, each at its
@@ -121,8 +126,10 @@ def compute_grads(params, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
                 sampled_BxT=groups["sampled_BxT"], recontext_B=batch.recontext_B)
     if batch.ref_logp_BxT is not None:
         rows["ref_logp_BxT"] = batch.ref_logp_BxT
-    grad_fn = jax.grad(functools.partial(_micro_loss, cfg=cfg, loss_cfg=loss_cfg,
-                                         pg_denominator=pg_denominator), has_aux=True)
+    loss = functools.partial(_micro_loss, cfg=cfg, loss_cfg=loss_cfg, pg_denominator=pg_denominator)
+    if materialize is not None:
+        loss = lambda trainable, rows, loss=loss: loss(materialize(frozen, trainable), rows)  # noqa: E731
+    grad_fn = jax.grad(loss, has_aux=True)
 
     if num_micro_batches == 1 and micro_T is None:
         grads, (terms, extrema) = grad_fn(params, rows)
@@ -171,16 +178,18 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
 
 
-def train_step(state: TrainState, batch: TrainBatch, *, cfg, loss_cfg: LossConfig,
+def train_step(state: TrainState, batch: TrainBatch, frozen=None, *, cfg, loss_cfg: LossConfig,
                optimizer: Optimizer, num_micro_batches: int = 1,
-               micro_T: Optional[Tuple[int, ...]] = None):
-    """One GRPO update; pure. Returns the new state and a dict of scalar metrics.
+               micro_T: Optional[Tuple[int, ...]] = None, materialize: Optional[Callable] = None):
+    """One GRPO update; pure. Returns the new state and a dict of scalar metrics. With
+    `materialize` (LoRA), `state.params` are the adapters and `frozen` the base (`compute_grads`).
 
     A non-finite update leaves params and optimizer state as they were (`step` and `rng` still
     advance, so the schedule follows the loop's steps) and sets `metrics["train/nonfinite"]` to 1.
     """
     grads, metrics = compute_grads(state.params, batch, cfg=cfg, loss_cfg=loss_cfg,
-                                   num_micro_batches=num_micro_batches, micro_T=micro_T)
+                                   num_micro_batches=num_micro_batches, micro_T=micro_T,
+                                   frozen=frozen, materialize=materialize)
     updates, opt_state = optimizer.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     rng, _ = jax.random.split(state.rng)
@@ -200,16 +209,20 @@ def train_step(state: TrainState, batch: TrainBatch, *, cfg, loss_cfg: LossConfi
 
 
 def jit_train_step(cfg, loss_cfg: LossConfig, optimizer: Optimizer, *, num_micro_batches: int = 1,
-                   state_sharding: Optional[Any] = None, batch_sharding: Optional[Any] = None):
-    """`train_step` jit-compiled with the state donated; `fn(state, batch, micro_T=None) ->
-    (state, metrics)`, `micro_T` static (one compilation per distinct tuple).
+                   state_sharding: Optional[Any] = None, batch_sharding: Optional[Any] = None,
+                   materialize: Optional[Callable] = None):
+    """`train_step` jit-compiled with the state donated; `fn(state, batch, frozen=None, micro_T=None)
+    -> (state, metrics)`, `micro_T` static (one compilation per distinct tuple). With `materialize`
+    (LoRA) pass the base params as `frozen`: an argument, not a constant folded into the program.
 
     Under a mesh, pass the shardings of the state and of the batch (pytrees of `NamedSharding`
     matching them, e.g. from `hsjax.infra.sharding`); the new state keeps `state_sharding`.
     """
     step = functools.partial(train_step, cfg=cfg, loss_cfg=loss_cfg, optimizer=optimizer,
-                             num_micro_batches=num_micro_batches)
+                             num_micro_batches=num_micro_batches, materialize=materialize)
     shardings = {}
     if state_sharding is not None or batch_sharding is not None:
-        shardings = dict(in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None))
+        # the LoRA base (a third positional argument) keeps the sharding it was placed with
+        ins = (state_sharding, batch_sharding) + ((None,) if materialize is not None else ())
+        shardings = dict(in_shardings=ins, out_shardings=(state_sharding, None))
     return jax.jit(step, donate_argnums=0, static_argnames=("micro_T",), **shardings)
