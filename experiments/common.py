@@ -181,7 +181,10 @@ def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, e
                           # at the longest row's bucket, one compiled update per batch shape.
                           "group_by_length": False})
     c.eval = ConfigDict({"every": 50, "split": eval_split, "extra_splits": (), "limit": 0, "task_seed": 0,
-                         "at_start": False})  # also score the starting policy at step 0
+                         "at_start": False,  # also score the starting policy at step 0
+                         # k > 0: k more episodes a task sampled at eval.temperature (never greedy) beside
+                         # the figure of the block's own sampling: eval/<split>/base/pass@1..k, mean@k
+                         "num_samples": 0})
     add_sampling(c.eval, greedy=True, max_new_tokens=256)
     c.checkpoint = ConfigDict({"every": 10, "keep": 3})
     c.log = ConfigDict({"tensorboard": True, "progress": True, "episodes_every": 10,

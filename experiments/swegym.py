@@ -116,6 +116,7 @@ def eval_config() -> ml_collections.ConfigDict:
     c.harnesses = ("base",)
     c.policy = policy("oracle")
     c.sampling = common.sampling(greedy=True, max_new_tokens=2048)
+    c.num_samples = 0  # k > 0: k more episodes a task sampled at sampling.temperature; pass@k, mean@k
     c.runner = common.runner(batch_size=32, env_workers=4, max_context_chars=CONTEXT_CHARS)
     c.max_policy_error_share = common.MAX_POLICY_ERROR_SHARE  # experiments/common.py
     return c

@@ -419,7 +419,7 @@ def _names_train_base(arm: str) -> ml_collections.ConfigDict:
 
 
 def _names_arm(base_arm: str, *, kind: str | None = None, siblings=(), k: int = 0, m: int = 0,
-               context: str = "as_generated", is_weight: str = "capped", n: int = 0):
+               context: str = "as_generated", is_weight: str = "capped", n: int = 0, router: dict | None = None):
     def arm(_):
         c = _names_train_base(base_arm)
         if kind is not None:
@@ -429,6 +429,7 @@ def _names_arm(base_arm: str, *, kind: str | None = None, siblings=(), k: int = 
             c.rescue.k, c.rescue.m = k, m
         if base_arm == "harness_s":
             c.router.local_voters = ()  # on profiles: the tiny policy as a voter cannot rank harnesses
+            c.router.update(router or {})
         c.loss.rescue_context = context
         c.loss.is_weight = is_weight
         if n:
@@ -453,6 +454,11 @@ NAMES_ARMS = {
     "names_random": _names_arm("train", kind="random"),
     "names_tables_first_base_is": _names_arm("train", kind="fixed", siblings=("tables_first",), k=1, m=4,
                                              context="base"),
+    # issue 40's router (docs/harness_s.md, "Router"): Thompson draws instead of alphabetical cold-start
+    # ties, rescues replayed under the base harness so observation-leaking siblings (schema_reminder)
+    # are down-weighted, and the rule voter reading the profile cards beside the profiles.
+    "names_harness_s_router": _names_arm("harness_s", router={"selection": "thompson", "validity": "replay",
+                                                              "local_voters": ("rule",)}),
 }
 
 

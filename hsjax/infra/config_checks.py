@@ -49,6 +49,8 @@ COUNT = (at_least(1), "an integer >= 1")
 NON_NEGATIVE = (at_least(0), "a finite number >= 0")
 TASK_LIMIT = (at_least(0), "an integer >= 0 (0: every task of the split)")
 SHARE = (within(0.0, 1.0), "a number in [0, 1]")
+SAMPLES = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+           "an integer >= 0 (0: no sampled episodes)")
 NAME = (file_name_part, "a plain file name: not empty, without '/', '\\', '..' or NUL")
 
 # (key pattern, test, what is allowed). Only keys with a plain meaning are here; a key whose 0 or
@@ -87,6 +89,7 @@ CHECKS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     # sampling
     ("*temperature", at_least(0), "a finite number >= 0 (0 or greedy: the most likely token)"),
     ("*top_k", *NON_NEGATIVE),
+    ("num_samples", *SAMPLES), ("eval.num_samples", *SAMPLES),  # sampled evaluation: pass@k, mean@k
     # patience: a zero or negative timeout fails every request at once
     ("*.timeout", *POSITIVE), ("*timeout_s", *POSITIVE), ("*.time_budget_s", *POSITIVE), ("*.wall_s", *POSITIVE),
     ("*.cpu_s", *POSITIVE), ("*.max_retries", *NON_NEGATIVE), ("*.backoff", *NON_NEGATIVE),
@@ -134,10 +137,27 @@ def relation_violations(config: ConfigDict) -> list[str]:
             "(optim.schedule_steps, or total_steps when that is 0): lower the warm-up or lengthen the schedule"]
 
 
+def sampled_eval_violations(config: ConfigDict) -> list[str]:
+    """Sampled evaluation (`num_samples` of eval mode, `eval.num_samples` of training) draws at the
+    sampling block's temperature: at 0 its k samples would be k copies of one greedy episode."""
+    found = []
+    for key, block in (("num_samples", "sampling"), ("eval.num_samples", "eval")):
+        head, _, leaf = key.rpartition(".")
+        holder = config.get(head) if head else config
+        sampling = config.get(block)
+        if not isinstance(holder, ConfigDict) or leaf not in holder or not isinstance(sampling, ConfigDict):
+            continue
+        k, temperature = holder[leaf], sampling.get("temperature", 1.0)
+        if _number(k) and k > 0 and _number(temperature) and temperature <= 0:
+            found.append(f"--config.{key}={k!r} draws {k} samples a task at {block}.temperature={temperature!r}, "
+                         f"which makes them copies of one greedy episode: set {block}.temperature > 0 or {key}=0")
+    return found
+
+
 def check(config: ConfigDict) -> None:
     """Raises one `UserError` naming every out-of-range value of `config`, and how to fix it."""
     found = violations(config)
-    found += relation_violations(config) if not found else []
+    found += relation_violations(config) + sampled_eval_violations(config) if not found else []
     found += tracking.missing_packages(config) if not found else []
     if found:
         raise UserError("; ".join(found) + ". Fix the value on the command line or in the experiment file")

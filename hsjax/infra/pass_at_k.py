@@ -52,3 +52,17 @@ def sampled_summary(records: Iterable[Mapping], n: int, key: str = "task_id") ->
     successes = [x for s in by_task.values() for x in s]
     out[f"mean@{n}"] = sum(successes) / len(successes) if successes else 0.0
     return out
+
+
+def format_sampled_table(summaries: Mapping[str, Mapping]) -> str:
+    """A plain-text table of `sampled_summary` results, one row per name (a harness or a split), the
+    rates in %: `name  tasks  pass@1  pass@2 ... mean@k`."""
+    if not summaries:
+        return ""
+    columns = [c for c in next(iter(summaries.values())) if c.startswith(("pass@", "mean@"))]
+    width = max(len("harness"), *(len(name) for name in summaries))
+    lines = [f"{'harness':<{width}}  {'tasks':>5}  " + "  ".join(f"{c:>8}" for c in columns)]
+    for name, summary in summaries.items():
+        lines.append(f"{name:<{width}}  {summary['tasks']:>5}  "
+                     + "  ".join(f"{100 * summary[c]:>8.1f}" for c in columns))
+    return "\n".join(lines)

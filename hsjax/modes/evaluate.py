@@ -14,6 +14,13 @@ that went down loses at most the batch in flight, and rerunning the same command
 episodes not finished yet (the connection settings of the policy and the runner block may change
 between the two runs; anything else is refused). The log is deleted once the result JSON is written.
 
+`num_samples = k` (0: off) adds k sampled episodes of every (harness, task) beside the one the
+`sampling` block gives (greedy by default): drawn with the block's temperature, top_p and top_k,
+never greedy, each with the episode seed of its index in the job list (so a resumed evaluation
+draws what an uninterrupted one did) and `sample_index` 1..k. The result's `sampled` holds, per
+harness, the unbiased pass@1, 2, 4, ..., k and mean@k over those k (`hsjax.infra.pass_at_k`);
+`summary` stays the figure of the block's own episode. Each record says whether it was `sampled`.
+
 The result counts the episodes that ended in `policy_error` (`policy_errors`; also printed). When
 their share is above `config.max_policy_error_share`, the eval has measured its endpoint rather than
 the model: it writes its result, then stops with `RunStopped` (one line naming the count, the share,
@@ -21,6 +28,7 @@ the URL and the first reason; exit status 2 from run.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
 import time
@@ -32,6 +40,7 @@ from hsjax import builders
 from hsjax.infra.episode_log import EpisodeLog, fingerprint
 from hsjax.infra.errors import RunStopped, UserError
 from hsjax.infra.metrics import write_json
+from hsjax.infra.pass_at_k import format_sampled_table, sampled_summary
 from hsjax.policies.base import PolicyError
 from hsjax.rollout.engine import POLICY_ERROR
 from hsjax.rollout.runner import Job, episode_record
@@ -74,6 +83,19 @@ def too_many_policy_errors(counts: dict, max_share: float, policy, path) -> str 
             "serves and rerun (or raise --config.max_policy_error_share)")
 
 
+def stretches(indices: list[int], first_sampled: int) -> list[list[int]]:
+    """`indices` (ascending job indices) cut into runs of consecutive indices on one side of
+    `first_sampled`: each run is one runner call with one sampling and the episode seeds of its
+    indices."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1 and (i >= first_sampled) == (runs[-1][-1] >= first_sampled):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     t0 = time.perf_counter()
     bench = builders.make_benchmark(config)
@@ -83,7 +105,12 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
         tasks = builders.load_split(bench, config.split, seed=config.task_seed, limit=config.limit)
         policy = builders.make_policy(config.policy, bench, int(config.seed))
         r = config.runner
+        num_samples = int(config.get("num_samples", 0))
         jobs = [Job(s, t) for s in specs for t in tasks]
+        first_sampled = len(jobs)
+        jobs += [Job(s, t, sample_index=j + 1) for s in specs for t in tasks for j in range(num_samples)]
+        own = builders.sampling_params(config.sampling, config.seed)
+        drawn = dataclasses.replace(own, greedy=False)
         episodes = EpisodeLog(pathlib.Path(workdir) / "eval" / f"{config.name}.episodes.jsonl",
                               fingerprint(config.to_dict(), RESUMABLE_CHANGES))
         done = episodes.load()
@@ -97,26 +124,37 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
             for start in range(0, len(todo), runner.batch_size):
                 batch = todo[start:start + runner.batch_size]
                 try:
-                    trajectories = runner.run([jobs[i] for i in batch])
+                    trajectories = [t for run in stretches(batch, first_sampled)
+                                    for t in runner.run([jobs[i] for i in run], drawn if run[0] >= first_sampled else own,
+                                                        first_episode_seed=run[0])]
                 except PolicyError as e:  # the run-level stop of a policy (e.g. its endpoint is down)
                     raise UserError(f"{e}. The {len(done)} finished episodes are kept in {episodes.path}; "
                                     "rerun the same command to run the rest") from e
-                finished = {i: episode_record(t, r.max_record_chars) for i, t in zip(batch, trajectories)}
+                finished = {i: {**episode_record(t, r.max_record_chars), "sampled": i >= first_sampled}
+                            for i, t in zip(batch, trajectories)}
                 episodes.append(finished)
                 done.update(finished)
     finally:
         bench.close()
     records = [done[i] for i in range(len(jobs))]
-    summary = {s.name: bench.summarize([r for r in records if r["harness"] == s.name]) for s in specs}
+    own_records = records[:first_sampled]
+    summary = {s.name: bench.summarize([r for r in own_records if r["harness"] == s.name]) for s in specs}
+    drawn_records = records[first_sampled:]
+    sampled = ({s.name: sampled_summary([r for r in drawn_records if r["harness"] == s.name], num_samples)
+                for s in specs} if num_samples else {})
     errors = policy_errors(records)
     out = {"config": config.to_dict(), "harnesses": {s.name: s.to_json() for s in specs}, "summary": summary,
-           "policy_errors": errors, "rollouts": runner.rollouts, "wall_s": time.perf_counter() - t0,
+           "sampled": sampled, "policy_errors": errors, "rollouts": runner.rollouts, "wall_s": time.perf_counter() - t0,
            "episodes": records}
     path = write_json(pathlib.Path(workdir) / "eval" / f"{config.name}.json", out, indent=None)
     episodes.remove()
     print(f"{bench.name} {config.split} ({len(tasks)} tasks), policy={config.policy.kind}: "
           f"{bench.headline} and its parts in %")
     print(bench.format_table(summary))
+    if sampled:
+        print(f"{num_samples} samples of every task at temperature {drawn.temperature:g} (top_p {drawn.top_p:g}, "
+              f"top_k {drawn.top_k}), in %:")
+        print(format_sampled_table(sampled))
     print(f"policy_error: {errors['episodes']} of {errors['of']} episodes"
           + "".join(f"; {name} {n}" for name, n in errors["by_harness"].items()))
     print(f"wrote {path}")
@@ -124,6 +162,6 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     stop = too_many_policy_errors(errors, config.max_policy_error_share, config.policy, path)
     if stop:
         raise RunStopped(stop)
-    return {"path": str(path), "summary": summary, "policy_errors": errors}
+    return {"path": str(path), "summary": summary, "sampled": sampled, "policy_errors": errors}
 
 

@@ -31,6 +31,7 @@ from hsjax.rl import batch as batch_lib
 from hsjax.rl import grpo, optim, reference
 from hsjax.rl.losses import LossConfig
 from hsjax.rl.task_stream import TaskStream
+from hsjax.rollout.evaluation import evaluate_base
 from hsjax.rollout.runner import Job, episode_record
 from hsjax.rollout.segments import rerender_with_prefix
 
@@ -87,6 +88,13 @@ def phase_sampling(policy, block, seed: int):
     sampling = builders.sampling_params(block, seed)
     policy.reseed(sampling.seed)
     return sampling
+
+
+def evaluate(step, runner, bench, base, eval_sets, config, workdir):
+    """`hsjax.rollout.evaluation.evaluate_base` at the step's evaluation seed."""
+    return evaluate_base(step, runner, bench, base, eval_sets, workdir, num_samples=config.eval.num_samples,
+                         sampling=lambda: phase_sampling(runner.policy, config.eval,
+                                                         phase_seed(config.seed, step, EVAL_PHASE)))
 
 
 def group_reward_spread(trajs) -> float:
@@ -152,24 +160,6 @@ def in_base_context(bench, base, tokenizer):
     def rerender(task, traj):
         return rerender_with_prefix(traj, render_prompt(tokenizer, bench.initial_messages(task, base)))
     return rerender
-
-
-def evaluate(step, runner, bench, base, eval_sets, config, workdir):
-    """Success of the current policy under the base harness on each evaluation set (`eval.split` and
-    `eval.extra_splits`); one `eval/<split>_step<N>.json` per set."""
-    out = {}
-    for split, tasks in eval_sets.items():
-        sampling = phase_sampling(runner.policy, config.eval, phase_seed(config.seed, step, EVAL_PHASE))
-        records = [episode_record(t) for t in runner.run([Job(base, task) for task in tasks], sampling)]
-        summary = bench.summarize(records)
-        if distributed.is_main():
-            metrics_lib.write_json(os.path.join(workdir, "eval", f"{split}_step{step:06d}.json"),
-                                   {"step": step, "summary": summary, "episodes": records})
-        prefix = f"eval/{split}/base"
-        out[f"{prefix}/success"] = float(np.mean([r["success"] for r in records])) if records else 0.0
-        out[f"{prefix}/{bench.headline}"] = summary.get(bench.headline, 0.0)
-        out.update({f"{prefix}/{name}": float(v) for name, v in bench.slice_metrics(records).items()})
-    return out
 
 
 def step_metrics(groups, rescued, outcomes, update_metrics, rollouts: dict, dapo_stats):

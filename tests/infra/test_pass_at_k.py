@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from hsjax.infra.pass_at_k import pass_at_k, reported_ks, sampled_summary
+from hsjax.infra.pass_at_k import format_sampled_table, pass_at_k, reported_ks, sampled_summary
 
 
 def brute_force(n, c, k):
@@ -57,3 +57,14 @@ def test_the_summary_of_records():
     assert sampled_summary([], 4)["pass@4"] == 0.0
     with pytest.raises(ValueError, match="4 samples of every task"):
         sampled_summary(records[:-1], 4)
+
+
+def test_the_table_lists_every_k_in_percent():
+    records = [{"task_id": t, "success": s} for t, s in
+               [("a", True), ("a", False), ("a", False), ("a", False), ("b", False), ("b", False), ("b", False), ("b", False)]]
+    table = format_sampled_table({"base": sampled_summary(records, 4), "hint": sampled_summary(records[:4], 4)})
+    header, base, hint = table.splitlines()
+    assert header.split() == ["harness", "tasks", "pass@1", "pass@2", "pass@4", "mean@4"]
+    assert base.split() == ["base", "2", "12.5", "25.0", "50.0", "12.5"]
+    assert hint.split() == ["hint", "1", "25.0", "50.0", "100.0", "25.0"]
+    assert format_sampled_table({}) == ""

@@ -154,6 +154,9 @@ def test_every_names_arm_builds_and_the_controls_differ_only_where_they_should()
     assert tuple(arms["names_schema_reminder"].rescue.siblings) == ("schema_reminder",)
     assert arms["names_policy_only_n6"].rollout.n == 6
     assert tuple(arms["names_harness_s"].router.local_voters) == ()
+    router = arms["names_harness_s_router"].router
+    assert (router.selection, router.validity, tuple(router.local_voters)) == ("thompson", "replay", ("rule",))
+    assert arms["names_harness_s"].router.selection == "ucb" and arms["names_harness_s"].router.validity == "off"
     # Testbed v3: the same arms from another shipped warm start, gated with its own G3.
     v3 = experiments.get_config("testbed", "names_harness_s_base,v3")
     assert v3.model.hf_dir == testbed.NAMES_V3_WARMSTART != arms["names_harness_s_base"].model.hf_dir
