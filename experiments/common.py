@@ -172,6 +172,10 @@ def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, e
                          "rescue_context": "as_generated",  # as_generated | base
                          "rescue_baseline": "rescue",  # rescue | with_base (see docs/training.md)
                          "nonfinite": "stop"})  # a non-finite update: stop | skip (docs/training.md)
+    # LoRA (docs/training.md, "LoRA"): rank > 0 trains adapters A, B on the listed projections of the
+    # frozen model, W + (alpha / rank) A B; only they are in the optimizer state and the checkpoint.
+    c.lora = ConfigDict({"rank": 0, "alpha": 16.0,
+                         "targets": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")})
     c.optim = ConfigDict({"learning_rate": 1e-6, "warmup_steps": 10, "weight_decay": 0.01, "max_grad_norm": 1.0,
                           "schedule_steps": 0})  # steps of the warm-up + cosine schedule; 0 = total_steps
     c.batch = ConfigDict({"T_buckets": (512, 1024, 2048, 4096, 8192), "micro_batches": 1,

@@ -10,6 +10,7 @@ Which model a path names (HF directory or training workdir) is `hsjax.infra.mode
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 
@@ -26,6 +27,7 @@ from hsjax.infra.errors import UserError, user_input
 # studies and older callers look for them.
 from hsjax.infra.model_loading import (HF_DIR_FIX, RUNTIME_FIELDS, check_params_fit,  # noqa: F401
                                        checkpoint_steps, is_hf_dir, load_model, model_of_block, run_config)
+from hsjax.models import lora
 from hsjax.policies.base import AgentPolicy, SamplingParams
 from hsjax.policies.http_chat import HttpChatPolicy
 from hsjax.policies.http_tokens import HttpTokenPolicy
@@ -120,6 +122,33 @@ def make_model(config):
         cfg, tokenizer, _ = model_of_block(config.model)
     params = models.init_params(cfg, jax.random.PRNGKey(config.seed))
     return cfg, params, tokenizer
+
+
+def make_adapters(config, params):
+    """Fresh LoRA adapters on `params` when `config.lora.rank > 0` (hsjax/models/lora.py), else None.
+    Seeded by `config.seed`, so a resumed run's template matches the saved adapters."""
+    block = config.get("lora")
+    if block is None or not block.rank:
+        return None
+    with user_input("lora.targets", f"Name projections of {list(lora.INPUT_AXES)}."):
+        return lora.init_adapters(params, int(block.rank), tuple(block.targets),
+                                  jax.random.fold_in(jax.random.PRNGKey(config.seed), 1))
+
+
+def lora_unread(config) -> dict[str, str]:
+    """{key: why} of the `lora` block's keys a run without adapters never reads."""
+    block = config.get("lora")
+    if block is None or block.rank:
+        return {}
+    return {f"lora.{key}": "lora.rank=0" for key in block if key != "rank"}
+
+
+def adapter_merge(config):
+    """`fn(base, adapters) -> params` of a LoRA run (`lora.merge` at alpha / rank), else None."""
+    block = config.get("lora")
+    if block is None or not block.rank:
+        return None
+    return functools.partial(lora.merge, scale=lora.scale_of(block.alpha, block.rank))
 
 
 def load_jax_policy(hf_dir: str, checkpoint: str = "", *, seed: int = 0, **sampler_kwargs) -> JaxPolicy:

@@ -22,7 +22,7 @@ from hsjax import models
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import paths
 from hsjax.infra.errors import UserError, user_input
-from hsjax.models import presets
+from hsjax.models import lora, presets
 from hsjax.models.hf import load_tokenizer_file
 from hsjax.models.tokenizer import tiny_tokenizer
 
@@ -147,8 +147,23 @@ def load_model(path: str, base_hf_dir: str = "", step: int | None = None, *, wei
             params = ckpt_lib.load_params(ckpt_dir, step)
     except ckpt_lib.CheckpointError as e:
         raise UserError(f"checkpoint {path!r}: {e}") from e
+    run = run_config(workdir) if not base_hf_dir else None
+    if run and (run.get("lora") or {}).get("rank"):
+        params = merged_adapters(cfg, params, run, workdir)
     check_params_fit(cfg, params, f"the checkpoint in {ckpt_dir}", source or f"preset {cfg.family}")
     return cfg, params, tokenizer, source
+
+
+def merged_adapters(cfg, adapters, run: dict, workdir) -> dict:
+    """The params a LoRA run's checkpoint stands for: the run's base model (loaded again from its
+    `model.hf_dir`, or a preset's weights drawn again from the run's seed, as the run drew them)
+    with the saved adapters merged (docs/training.md, "LoRA")."""
+    block, model = run["lora"], run["model"]
+    with user_input(f"the base model of the LoRA run in {workdir}", RUN_BLOCK_FIX):
+        base = (load_model(str(model["hf_dir"]))[1] if model.get("hf_dir")
+                else models.init_params(cfg, jax.random.PRNGKey(int(run.get("seed", 0)))))
+        lora.check_fits(adapters, base)
+    return lora.merge(base, adapters, lora.scale_of(block["alpha"], block["rank"]))
 
 
 def checkpoint_steps(path: str) -> list[int]:

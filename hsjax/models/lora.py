@@ -28,7 +28,6 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from hsjax.models.config import ModelConfig
 
 # projection -> how many leading axes (after the layer axis) are its input
 INPUT_AXES = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1, "down_proj": 1}
@@ -86,11 +85,11 @@ def num_params(tree) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(tree))
 
 
-def check_fits(cfg: ModelConfig, adapters: dict, params: dict) -> None:
+def check_fits(adapters: dict, params: dict) -> None:
     """ValueError unless every adapter's A and B fit the projection it adapts in `params`."""
     for name, ab in adapters.get("layers", {}).items():
         if name not in INPUT_AXES or name not in params["layers"]:
-            raise ValueError(f"adapter of {name!r}: the {cfg.family} model has no such projection")
+            raise ValueError(f"adapter of {name!r}: the model has no such projection")
         w, n_in = params["layers"][name], INPUT_AXES[name]
         if (ab["a"].shape[:-1] != w.shape[:1 + n_in] or ab["b"].shape[2:] != w.shape[1 + n_in:]
                 or ab["a"].shape[-1] != ab["b"].shape[1]):

@@ -12,6 +12,7 @@ is a function of (config.seed, step), and the data position and rescuer state ar
 so a run resumed from its latest checkpoint continues exactly.
 """
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -46,7 +47,7 @@ def unread(config) -> dict[str, str]:
     """{key: why} for keys this config holds that its chosen kinds never read (run.py rejects
     overriding them)."""
     out = {**builders.rescue_unread(config), **builders.benchmark_unread(config), **builders.rollout_unread(config),
-           **tracking.unread(config)}
+           **tracking.unread(config), **builders.lora_unread(config)}
     if not config.dapo.enabled:
         out["dapo.max_draws"] = "dapo.enabled=False"
     if config.model.hf_dir:
@@ -213,6 +214,9 @@ def main(config, workdir: str) -> dict:
     # Model and policy.
     model_cfg, params, tokenizer = builders.make_model(config)
     params = sharding.shard_params(params, model_cfg, mesh, rules)
+    # LoRA (lora.rank > 0): the update trains adapters on the frozen `params`; the policy plays the merge.
+    adapters, merge = builders.make_adapters(config, params), builders.adapter_merge(config)
+    playable = (lambda trainable: trainable) if merge is None else functools.partial(jax.jit(merge), params)
 
     # ----------------------------------------------------------------------------------------------
     # Workdir: the config is written only now that what it names (benchmark, pool, splits, model) has
@@ -235,7 +239,7 @@ def main(config, workdir: str) -> dict:
     optim_settings = dict(config.optim)
     schedule_steps = optim_settings.pop("schedule_steps", 0) or config.total_steps
     optimizer = optim.make_optimizer(optim_settings, total_steps=schedule_steps)
-    state = grpo.init_train_state(params, optimizer, jax.random.PRNGKey(config.seed))
+    state = grpo.init_train_state(params if adapters is None else adapters, optimizer, jax.random.PRNGKey(config.seed))
     # Commit every leaf to the mesh: the update's outputs are committed, and inputs that were not
     # would make the second step compile the update again.
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -271,11 +275,12 @@ def main(config, workdir: str) -> dict:
     # Update step.
     S = config.rollout.n + rescuer.k * config.rescue.m
     update = grpo.jit_train_step(model_cfg, loss_config(config), optimizer,
-                                 num_micro_batches=config.batch.micro_batches)
+                                 num_micro_batches=config.batch.micro_batches, materialize=merge)
+    update = update if merge is None else functools.partial(update, frozen=params)
     data_sharding = sharding.batch_sharding(mesh, rules)
     # The KL term's reference (rl/reference.py): the starting parameters, loaded again on resume.
     with_reference = (reference.filler(params, model_cfg, temperature=config.rollout.temperature,
-                                       num_micro_batches=config.batch.micro_batches)
+                                       num_micro_batches=config.batch.micro_batches, copy=merge is None)
                       if config.loss.beta > 0 else None)
 
     def place(batch):
@@ -304,7 +309,7 @@ def main(config, workdir: str) -> dict:
             console.say(console.step_line(0, config.total_steps, last, _eval_keys(last)))
         for step in progress:
             t_step = time.perf_counter()
-            policy.update_params(distributed.local_copy(state.params))
+            policy.update_params(distributed.local_copy(playable(state.params)))
             before = runner.rollouts
             tasks, groups, dapo_stats = draw_groups(data, step, runner, base, config)
             drawn = runner.rollouts
@@ -352,7 +357,7 @@ def main(config, workdir: str) -> dict:
             done = step + 1
             if config.eval.every and (done % config.eval.every == 0 or done == config.total_steps):
                 t0 = time.perf_counter()
-                policy.update_params(distributed.local_copy(state.params))
+                policy.update_params(distributed.local_copy(playable(state.params)))
                 metrics.update(evaluate(done, runner, bench, base, eval_sets, config, workdir))
                 metrics["time/eval"] = time.perf_counter() - t0
             if config.log.episodes_every and done % config.log.episodes_every == 0 and distributed.is_main():

@@ -53,9 +53,11 @@ def jit_reference_logp(cfg, temperature: float, *, num_micro_batches: int = 1):
                                      num_micro_batches=num_micro_batches))
 
 
-def filler(params, cfg, *, temperature: float, num_micro_batches: int = 1):
+def filler(params, cfg, *, temperature: float, num_micro_batches: int = 1, copy: bool = True):
     """Holds a copy of `params` as the reference; returns `fn(batch) -> batch` with `ref_logp_BxT`
-    filled in (jit-compiled; the batch placed as the update takes it)."""
-    ref_params = hold_reference(params)
+    filled in (jit-compiled; the batch placed as the update takes it). `copy=False` holds `params`
+    themselves, for params no update donates or changes (the frozen base of a LoRA run: its
+    reference costs no memory)."""
+    ref_params = hold_reference(params) if copy else params
     logp = jit_reference_logp(cfg, temperature, num_micro_batches=num_micro_batches)
     return lambda batch: batch.replace(ref_logp_BxT=logp(ref_params, batch))

@@ -66,10 +66,10 @@ def test_targets_rank_and_fit_are_checked():
     with pytest.raises(ValueError, match="rank must be >= 1"):
         lora.init_adapters(params, 0, ("q_proj",), jax.random.PRNGKey(0))
     adapters = lora.init_adapters(params, 4, ("q_proj",), jax.random.PRNGKey(0))
-    lora.check_fits(CFG, adapters, params)
+    lora.check_fits(adapters, params)
     adapters["layers"]["q_proj"]["a"] = adapters["layers"]["q_proj"]["a"][:, :-1]
     with pytest.raises(ValueError, match="do not fit the weight"):
-        lora.check_fits(CFG, adapters, params)
+        lora.check_fits(adapters, params)
     assert lora.num_params(lora.init_adapters(params, 2, ("q_proj",), jax.random.PRNGKey(0))) == (
         CFG.num_layers * 2 * (CFG.hidden_size + CFG.num_heads * CFG.head_dim))
 
@@ -83,3 +83,33 @@ def test_forward_on_merged_weights_changes_only_through_the_adapters():
     assert float(jnp.abs(merged_logits - base_logits).max()) > 1e-4
     np.testing.assert_allclose(np.asarray(zero), np.asarray(base_logits), atol=0)
     assert math.isfinite(float(merged_logits.sum()))
+
+
+def test_the_update_trains_the_adapters_by_the_chain_rule():
+    """The adapters' gradient through the merge is s A^T dL/dW and s dL/dW B^T of the full model's."""
+    import functools
+
+    from hsjax.rl import grpo
+    from hsjax.rl.losses import LossConfig
+    from tests.rl.test_train_step import CFG as TCFG, make_batch
+
+    params = init_params(TCFG, jax.random.PRNGKey(0))
+    adapters = lora.init_adapters(params, 3, ("q_proj", "o_proj", "down_proj"), jax.random.PRNGKey(1))
+    for i, ab in enumerate(adapters["layers"].values()):
+        ab["b"] = 0.05 * jax.random.normal(jax.random.PRNGKey(10 + i), ab["b"].shape)
+    scale = lora.scale_of(6, 3)
+    batch = make_batch([([1.0, 0.0], [1.0, 0.0]), ([0.0, 0.0], [1.0, 0.0])], seed=3)
+    g_full, m_full = grpo.compute_grads(lora.merge(params, adapters, scale), batch, cfg=TCFG, loss_cfg=LossConfig())
+    g_ad, m_ad = grpo.compute_grads(adapters, batch, cfg=TCFG, loss_cfg=LossConfig(), frozen=params,
+                                    materialize=functools.partial(lora.merge, scale=scale))
+    assert float(m_ad["loss/total"]) == pytest.approx(float(m_full["loss/total"]), abs=1e-6)
+    assert set(g_ad["layers"]) == {"q_proj", "o_proj", "down_proj"}  # nothing of the base
+    for name, ab in adapters["layers"].items():
+        a = np.asarray(ab["a"]).reshape(ab["a"].shape[0], -1, ab["a"].shape[-1])
+        b = np.asarray(ab["b"]).reshape(ab["b"].shape[0], ab["b"].shape[1], -1)
+        g_w = np.asarray(g_full["layers"][name]).reshape(a.shape[0], a.shape[1], b.shape[-1])
+        want_b = scale * np.einsum("lir,lio->lro", a, g_w)
+        want_a = scale * np.einsum("lio,lro->lir", g_w, b)
+        np.testing.assert_allclose(np.asarray(g_ad["layers"][name]["b"]).reshape(want_b.shape), want_b, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(g_ad["layers"][name]["a"]).reshape(want_a.shape), want_a, atol=1e-6)
+        assert np.abs(want_b).max() > 1e-6
