@@ -12,6 +12,10 @@ machine is a result too.
     python perf/memory_bench.py                       # T = 512, 1024, 2048, about 5 minutes
     python perf/memory_bench.py --T 2048 --micro-batches 4 --remat
     python perf/memory_bench.py --demo                # + README's demo (slow: 6-15 minutes)
+    python perf/memory_bench.py --T 2048 --lora-rank 8  # the update of LoRA adapters (all projections)
+
+Every step case also reports the bytes of the train state it holds (params, or the frozen base and
+the adapters; the optimizer state), counted from the arrays' shapes and dtypes.
 
 `--demo` runs `python run.py --config experiments/testbed.py:demo` in a temporary workdir and
 samples the resident memory of its whole process tree every 0.2 s (the demo starts voter servers
@@ -19,6 +23,7 @@ as child processes); it reports the peak of the tree's sum, the peak of its larg
 wall time and the demo line printed last before the peak (which phase holds it).
 """
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -41,6 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--R", type=int, default=4, help="rescue slots per group (k x m)")
     p.add_argument("--micro-batches", type=int, default=1)
     p.add_argument("--remat", action="store_true", help="rematerialise each layer")
+    p.add_argument("--lora-rank", type=int, default=0, help="> 0: train LoRA adapters of this rank on every projection")
     p.add_argument("--limit-gb", type=float, default=16.0, help="kill a case above this RSS (GiB)")
     p.add_argument("--demo", action="store_true", help="also README's demo (slow)")
     p.add_argument("--out", help="write the results as JSON to this file")
@@ -77,12 +83,21 @@ def child_step(args) -> None:
     hwm = lambda: vm_kib("self", "VmHWM") * 1024 / GIB  # noqa: E731
     cfg = get_preset("tiny", remat=args.remat)
     optimizer = make_optimizer(learning_rate=1e-6, warmup_steps=1, total_steps=1000)
-    state = grpo.init_train_state(init_params(cfg, jax.random.key(0)), optimizer, jax.random.key(1))
+    params = init_params(cfg, jax.random.key(0))
+    frozen, materialize = (), None
+    if args.lora_rank:
+        from hsjax.models import lora
+        frozen = (params,)
+        materialize = functools.partial(lora.merge, scale=lora.scale_of(16.0, args.lora_rank))
+        params = lora.init_adapters(params, args.lora_rank, tuple(lora.INPUT_AXES), jax.random.key(2))
+    state = grpo.init_train_state(params, optimizer, jax.random.key(1))
+    state_gb = sum(x.nbytes for x in jax.tree.leaves((state, frozen))) / GIB
     batch = jax.device_put(synthetic_batch(args.groups, args.n, args.R, T, cfg.vocab_size))
-    step = grpo.jit_train_step(cfg, LossConfig(), optimizer, num_micro_batches=args.micro_batches)
+    step = grpo.jit_train_step(cfg, LossConfig(), optimizer, num_micro_batches=args.micro_batches,
+                               materialize=materialize)
     setup_gb = hwm()
     t0 = time.perf_counter()
-    compiled = step.lower(state, batch).compile()
+    compiled = step.lower(state, batch, *frozen).compile()
     compile_s = time.perf_counter() - t0
     compile_gb = hwm()
     # XLA's own plan for the step's temporaries (buffer assignment; independent of the machine's
@@ -90,10 +105,10 @@ def child_step(args) -> None:
     analysis = compiled.memory_analysis()
     temp_gb = analysis.temp_size_in_bytes / GIB if analysis is not None else float("nan")
     t0 = time.perf_counter()
-    state, metrics = compiled(state, batch)
+    state, metrics = compiled(state, batch, *frozen)
     jax.block_until_ready((state, metrics))
     step_s = time.perf_counter() - t0
-    print(json.dumps(dict(T=T, setup_gb=setup_gb, compile_gb=compile_gb, peak_gb=hwm(), temp_gb=temp_gb,
+    print(json.dumps(dict(T=T, state_gb=state_gb, setup_gb=setup_gb, compile_gb=compile_gb, peak_gb=hwm(), temp_gb=temp_gb,
                           compile_s=compile_s, step_s=step_s,
                           loss_pg=float(metrics["loss/pg"]))), flush=True)
 
@@ -142,7 +157,8 @@ def descendants(pid) -> list:
 def run_step(args, T):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--T", str(T),
            "--groups", str(args.groups), "--n", str(args.n), "--R", str(args.R),
-           "--micro-batches", str(args.micro_batches)] + (["--remat"] if args.remat else [])
+           "--micro-batches", str(args.micro_batches), "--lora-rank", str(args.lora_rank)] + (
+               ["--remat"] if args.remat else [])
     lines, peak, killed, wall = watch(cmd, args.limit_gb, args.repo)
     if killed:
         return dict(T=T, killed=True, peak_gb=peak["sum_gb"], wall_s=wall)
@@ -168,7 +184,7 @@ def main(argv=None):
     command = " ".join(["python", "perf/memory_bench.py"] + (sys.argv[1:] if argv is None else argv))
     B = args.groups * (args.n + args.R)
     print(f"memory_bench: tiny policy, {B} rows, {args.micro_batches} micro-batches, "
-          f"remat {args.remat}, kill above {args.limit_gb} GiB", flush=True)
+          f"remat {args.remat}, LoRA rank {args.lora_rank or 'off'}, kill above {args.limit_gb} GiB", flush=True)
     results = {"command": command, "steps": [], "demo": None}
     for T in args.T:
         r = run_step(args, T)
@@ -178,15 +194,15 @@ def main(argv=None):
         results["demo"] = run_demo(args)
     print(f"\nPeak resident memory (VmHWM) of one jitted GRPO update, tiny policy, "
           f"G={args.groups} x (n={args.n} + R={args.R}) = {B} rows, "
-          f"{args.micro_batches} micro-batches, remat {args.remat}")
-    print("|    T | after set-up | after compile | peak (steps) | XLA temp | compile s | step s |")
-    print("|------|--------------|---------------|--------------|----------|-----------|--------|")
+          f"{args.micro_batches} micro-batches, remat {args.remat}, LoRA rank {args.lora_rank or 'off'}")
+    print("|    T | train state | after set-up | after compile | peak (steps) | XLA temp | compile s | step s |")
+    print("|------|-------------|--------------|---------------|--------------|----------|-----------|--------|")
     for r in results["steps"]:
         if r["killed"]:
             what = r.get("error") or f"> {args.limit_gb:.1f} GiB (killed)"
-            print(f"| {r['T']:>4} |              |               | {what} |  |  |  |")
+            print(f"| {r['T']:>4} |             |              |               | {what} |  |  |  |")
         else:
-            print(f"| {r['T']:>4} | {r['setup_gb']:>9.2f} GiB | {r['compile_gb']:>10.2f} GiB | "
+            print(f"| {r['T']:>4} | {1024 * r['state_gb']:>7.1f} MiB | {r['setup_gb']:>9.2f} GiB | {r['compile_gb']:>10.2f} GiB | "
                   f"{r['peak_gb']:>9.2f} GiB | {r['temp_gb']:>4.2f} GiB | {r['compile_s']:>9.1f} | "
                   f"{r['step_s']:>6.1f} |")
     d = results["demo"]
