@@ -124,31 +124,30 @@ def make_model(config):
     return cfg, params, tokenizer
 
 
-def make_adapters(config, params):
-    """Fresh LoRA adapters on `params` when `config.lora.rank > 0` (hsjax/models/lora.py), else None.
-    Seeded by `config.seed`, so a resumed run's template matches the saved adapters."""
+def _lora_block(config):
+    """The `lora` block of a run that trains adapters (`lora.rank > 0`), else None."""
     block = config.get("lora")
-    if block is None or not block.rank:
-        return None
+    return block if block is not None and block.rank else None
+
+
+def make_lora(config, params):
+    """(adapters, merge) of a LoRA run (hsjax/models/lora.py): fresh adapters on `params`, seeded by
+    `config.seed` so a resumed run's template matches the saved ones, and `merge(base, adapters) ->
+    params` at alpha / rank. (None, None) when `lora.rank = 0`."""
+    block = _lora_block(config)
+    if block is None:
+        return None, None
     with user_input("lora.targets", f"Name projections of {list(lora.INPUT_AXES)}."):
-        return lora.init_adapters(params, int(block.rank), tuple(block.targets),
-                                  jax.random.fold_in(jax.random.PRNGKey(config.seed), 1))
+        adapters = lora.init_adapters(params, int(block.rank), tuple(block.targets),
+                                      jax.random.fold_in(jax.random.PRNGKey(config.seed), 1))
+    return adapters, functools.partial(lora.merge, scale=lora.scale_of(block.alpha, block.rank))
 
 
 def lora_unread(config) -> dict[str, str]:
     """{key: why} of the `lora` block's keys a run without adapters never reads."""
-    block = config.get("lora")
-    if block is None or block.rank:
+    if "lora" not in config or _lora_block(config) is not None:
         return {}
-    return {f"lora.{key}": "lora.rank=0" for key in block if key != "rank"}
-
-
-def adapter_merge(config):
-    """`fn(base, adapters) -> params` of a LoRA run (`lora.merge` at alpha / rank), else None."""
-    block = config.get("lora")
-    if block is None or not block.rank:
-        return None
-    return functools.partial(lora.merge, scale=lora.scale_of(block.alpha, block.rank))
+    return {f"lora.{key}": "lora.rank=0" for key in config.lora if key != "rank"}
 
 
 def load_jax_policy(hf_dir: str, checkpoint: str = "", *, seed: int = 0, **sampler_kwargs) -> JaxPolicy:

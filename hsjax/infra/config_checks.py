@@ -50,8 +50,12 @@ COUNT = (at_least(1), "an integer >= 1")
 NON_NEGATIVE = (at_least(0), "a finite number >= 0")
 TASK_LIMIT = (at_least(0), "an integer >= 0 (0: every task of the split)")
 SHARE = (within(0.0, 1.0), "a number in [0, 1]")
-SAMPLES = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-           "an integer >= 0 (0: no sampled episodes)")
+def count_or_zero(value) -> bool:
+    """An int >= 0, not a bool (a float count of samples or of a rank means nothing)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+SAMPLES = (count_or_zero, "an integer >= 0 (0: no sampled episodes)")
 LORA_TARGETS = tuple(lora.INPUT_AXES)  # the projections an adapter can sit on
 NAME = (file_name_part, "a plain file name: not empty, without '/', '\\', '..' or NUL")
 
@@ -62,7 +66,7 @@ CHECKS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("*learning_rate", *POSITIVE), ("*_lr", *POSITIVE),
     ("optim.weight_decay", *NON_NEGATIVE), ("optim.max_grad_norm", *NON_NEGATIVE),
     ("optim.warmup_steps", *NON_NEGATIVE), ("optim.schedule_steps", *NON_NEGATIVE),
-    ("lora.rank", *SAMPLES[:1], "an integer >= 0 (0: no LoRA, every weight trains)"), ("lora.alpha", *POSITIVE),
+    ("lora.rank", count_or_zero, "an integer >= 0 (0: no LoRA, every weight trains)"), ("lora.alpha", *POSITIVE),
     ("lora.targets", lambda v: v in LORA_TARGETS, f"one of {LORA_TARGETS}"),
     ("loss.beta", *NON_NEGATIVE),  # the KL term's weight; 0: no reference is held
     ("loss.kl_estimator", lambda v: v in ("k1", "k2", "k3"), "one of 'k1', 'k2', 'k3' (docs/training.md, KL)"),

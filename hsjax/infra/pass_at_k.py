@@ -54,12 +54,17 @@ def sampled_summary(records: Iterable[Mapping], n: int, key: str = "task_id") ->
     return out
 
 
+def rates(summary: Mapping) -> dict[str, float]:
+    """The pass@k and mean@k entries of a `sampled_summary`, in its order (no counts)."""
+    return {name: value for name, value in summary.items() if name.startswith(("pass@", "mean@"))}
+
+
 def format_sampled_table(summaries: Mapping[str, Mapping]) -> str:
     """A plain-text table of `sampled_summary` results, one row per name (a harness or a split), the
     rates in %: `name  tasks  pass@1  pass@2 ... mean@k`."""
     if not summaries:
         return ""
-    columns = [c for c in next(iter(summaries.values())) if c.startswith(("pass@", "mean@"))]
+    columns = list(rates(next(iter(summaries.values()))))
     width = max(len("harness"), *(len(name) for name in summaries))
     lines = [f"{'harness':<{width}}  {'tasks':>5}  " + "  ".join(f"{c:>8}" for c in columns)]
     for name, summary in summaries.items():

@@ -28,7 +28,6 @@ the URL and the first reason; exit status 2 from run.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import pathlib
 import time
@@ -43,6 +42,7 @@ from hsjax.infra.metrics import write_json
 from hsjax.infra.pass_at_k import format_sampled_table, sampled_summary
 from hsjax.policies.base import PolicyError
 from hsjax.rollout.engine import POLICY_ERROR
+from hsjax.rollout.evaluation import drawn, sampled_jobs
 from hsjax.rollout.runner import Job, episode_record
 
 # Keys a resumed evaluation may change: where and how patiently the policy is reached, how episodes
@@ -108,9 +108,9 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
         num_samples = int(config.get("num_samples", 0))
         jobs = [Job(s, t) for s in specs for t in tasks]
         first_sampled = len(jobs)
-        jobs += [Job(s, t, sample_index=j + 1) for s in specs for t in tasks for j in range(num_samples)]
+        jobs += sampled_jobs(specs, tasks, num_samples)
         own = builders.sampling_params(config.sampling, config.seed)
-        drawn = dataclasses.replace(own, greedy=False)
+        draws = drawn(own)
         episodes = EpisodeLog(pathlib.Path(workdir) / "eval" / f"{config.name}.episodes.jsonl",
                               fingerprint(config.to_dict(), RESUMABLE_CHANGES))
         done = episodes.load()
@@ -125,7 +125,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 batch = todo[start:start + runner.batch_size]
                 try:
                     trajectories = [t for run in stretches(batch, first_sampled)
-                                    for t in runner.run([jobs[i] for i in run], drawn if run[0] >= first_sampled else own,
+                                    for t in runner.run([jobs[i] for i in run], draws if run[0] >= first_sampled else own,
                                                         first_episode_seed=run[0])]
                 except PolicyError as e:  # the run-level stop of a policy (e.g. its endpoint is down)
                     raise UserError(f"{e}. The {len(done)} finished episodes are kept in {episodes.path}; "
@@ -152,8 +152,8 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
           f"{bench.headline} and its parts in %")
     print(bench.format_table(summary))
     if sampled:
-        print(f"{num_samples} samples of every task at temperature {drawn.temperature:g} (top_p {drawn.top_p:g}, "
-              f"top_k {drawn.top_k}), in %:")
+        print(f"{num_samples} samples of every task at temperature {draws.temperature:g} (top_p {draws.top_p:g}, "
+              f"top_k {draws.top_k}), in %:")
         print(format_sampled_table(sampled))
     print(f"policy_error: {errors['episodes']} of {errors['of']} episodes"
           + "".join(f"; {name} {n}" for name, n in errors["by_harness"].items()))

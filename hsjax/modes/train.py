@@ -215,7 +215,7 @@ def main(config, workdir: str) -> dict:
     model_cfg, params, tokenizer = builders.make_model(config)
     params = sharding.shard_params(params, model_cfg, mesh, rules)
     # LoRA (lora.rank > 0): the update trains adapters on the frozen `params`; the policy plays the merge.
-    adapters, merge = builders.make_adapters(config, params), builders.adapter_merge(config)
+    adapters, merge = builders.make_lora(config, params)
     playable = (lambda trainable: trainable) if merge is None else functools.partial(jax.jit(merge), params)
 
     # ----------------------------------------------------------------------------------------------

@@ -19,9 +19,20 @@ import numpy as np
 
 from hsjax.infra import distributed
 from hsjax.infra import metrics as metrics_lib
-from hsjax.infra.pass_at_k import sampled_summary
+from hsjax.infra.pass_at_k import rates, sampled_summary
 from hsjax.policies.base import SamplingParams
 from hsjax.rollout.runner import Job, episode_record
+
+
+def sampled_jobs(specs, tasks, num_samples: int) -> list[Job]:
+    """The jobs of a sampled evaluation: `num_samples` of every (harness, task), in that order, with
+    `sample_index` 1..k (0 is the episode of the block's own sampling)."""
+    return [Job(s, t, sample_index=j + 1) for s in specs for t in tasks for j in range(num_samples)]
+
+
+def drawn(sampling: SamplingParams) -> SamplingParams:
+    """The sampling of the drawn episodes: the block's temperature, top_p and top_k, never greedy."""
+    return dataclasses.replace(sampling, greedy=False)
 
 
 def sampled_episodes(runner, base, tasks, sampling: SamplingParams, num_samples: int) -> list[dict]:
@@ -29,9 +40,9 @@ def sampled_episodes(runner, base, tasks, sampling: SamplingParams, num_samples:
     seeds after the greedy episodes' 0..len(tasks)-1, so no draw repeats one of theirs."""
     if not num_samples:
         return []
-    jobs = [Job(base, task, sample_index=j + 1) for task in tasks for j in range(num_samples)]
-    drawn = runner.run(jobs, dataclasses.replace(sampling, greedy=False), first_episode_seed=len(tasks))
-    return [{**episode_record(t), "sampled": True} for t in drawn]
+    trajectories = runner.run(sampled_jobs([base], tasks, num_samples), drawn(sampling),
+                              first_episode_seed=len(tasks))
+    return [{**episode_record(t), "sampled": True} for t in trajectories]
 
 
 def evaluate_base(step: int, runner, bench, base, eval_sets: dict, workdir: str, *,
@@ -53,5 +64,5 @@ def evaluate_base(step: int, runner, bench, base, eval_sets: dict, workdir: str,
         out[f"{prefix}/success"] = float(np.mean([r["success"] for r in records])) if records else 0.0
         out[f"{prefix}/{bench.headline}"] = summary.get(bench.headline, 0.0)
         out.update({f"{prefix}/{name}": float(v) for name, v in bench.slice_metrics(records).items()})
-        out.update({f"{prefix}/{name}": float(v) for name, v in sampled.items() if name.startswith(("pass@", "mean@"))})
+        out.update({f"{prefix}/{name}": float(v) for name, v in rates(sampled).items()})
     return out
