@@ -49,7 +49,8 @@ def add_sampling(block: ConfigDict, *, greedy: bool, temperature: float = 1.0, m
 
 
 def add_rollout_backend(block: ConfigDict, backend: str = "jax") -> None:
-    """Train's `rollout.backend` (jax | vllm), the JAX sampler's KV reuse, and the vLLM engine's options, read by
+    """Train's `rollout.backend` (jax | vllm | http_tokens), the JAX sampler's KV reuse, the vLLM engine's
+    options and the rollout servers' (http_tokens), read by
     `hsjax.builders.make_rollout_policy` (docs/rollout.md, "vLLM rollout backend"): weight sync
     (memory | disk) and `vllm.LLM` arguments, where 0 / False leave vLLM's default."""
     block.backend = backend
@@ -61,6 +62,12 @@ def add_rollout_backend(block: ConfigDict, backend: str = "jax") -> None:
     block.kv_dtype = ""
     block.vllm = ConfigDict({"weight_sync": "memory", "max_model_len": 0, "gpu_memory_utilization": 0.0,
                              "tensor_parallel_size": 0, "enforce_eager": False})
+    # http_tokens: rollouts from vLLM-compatible /v1/completions servers (hsjax serve with serve.weights_root,
+    # SGLang), the run's weights pushed to them as HF directories under weights_dir ('' = <workdir>/rollout_weights,
+    # a path the servers must see) after each update (hsjax/policies/http_rollout.py, docs/training.md).
+    block.http = ConfigDict({"base_urls": ("",), "model": "", "api_key_env": "", "timeout": 120.0,
+                             "max_retries": 3, "backoff": 1.0, "max_backoff": 30.0, "max_concurrency": 16,
+                             "max_consecutive_failures": 16, "weights_dir": "", "push_timeout_s": 600.0})
 
 
 def policy(kind: str = "oracle", noise: dict | None = None) -> ConfigDict:
@@ -156,6 +163,10 @@ def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, e
                             "max_context_tokens": 4096, "env_workers": 4})
     add_sampling(c.rollout, greedy=False, max_new_tokens=256)
     add_rollout_backend(c.rollout)
+    # 0: each step's rollouts are collected before its update, with its params. 1 (one step off): step
+    # t+1's are collected during step t's update, with the params before it; the loss's ratio uses the
+    # sampler's logprobs (docs/training.md, "Async rollouts").
+    c.rollout.staleness = 0
     c.rescue = ConfigDict({"kind": "none",  # none | random | fixed | hint | harness_s
                            "k": 2,  # siblings per all-fail group
                            "m": 2,  # rollouts per sibling

@@ -55,6 +55,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.serve.max_prompt_chars = 0  # a longer prompt is a 400 before tokenizing; 0 = 8 x the context length
     c.serve.max_connections = 256  # open connections; one more is a 503 (each may hold max_body_bytes)
     c.serve.log_level = "info"
+    # a directory: POST /update_weights_from_disk may load HF directories under it (a training run's
+    # rollout.backend=http_tokens pushes its weights there, docs/training.md "Async rollouts"); empty = off
+    c.serve.weights_root = ""
 
     for variant in [v for v in (arg or "").split(",") if v]:
         if variant == "tiny":

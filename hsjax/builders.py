@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 
@@ -28,8 +29,9 @@ from hsjax.infra.errors import UserError, user_input
 from hsjax.infra.model_loading import (HF_DIR_FIX, RUNTIME_FIELDS, check_params_fit,  # noqa: F401
                                        checkpoint_steps, is_hf_dir, load_model, model_of_block, run_config)
 from hsjax.models import lora
-from hsjax.policies.base import AgentPolicy, SamplingParams
+from hsjax.policies.base import AgentPolicy, SamplingParams, sampling_params  # noqa: F401  (modes' name)
 from hsjax.policies.http_chat import HttpChatPolicy
+from hsjax.policies.http_rollout import HttpRolloutPolicy
 from hsjax.policies.http_tokens import HttpTokenPolicy
 from hsjax.policies.jax_policy import JaxPolicy
 from hsjax.policies.vllm_policy import VllmOptions, VllmPolicy
@@ -80,13 +82,6 @@ def load_split(bench: Benchmark, split: str, **options) -> list:
     fix = "Name a split the benchmark has, and check its task files."
     with user_input(f"split {split!r} of {bench.name}", fix):
         return bench.load_split(split, **options)
-
-
-def sampling_params(block, seed: int) -> SamplingParams:
-    """A block with `temperature`, `top_p`, `top_k`, `greedy`, `max_new_tokens` as SamplingParams."""
-    return SamplingParams(temperature=float(block.temperature), top_p=float(block.top_p),
-                          top_k=int(block.top_k), greedy=bool(block.greedy),
-                          max_new_tokens=int(block.max_new_tokens), seed=int(seed))
 
 
 def make_runner(config, bench: Benchmark, policy, *, runner: str = "runner", sampling: str = "sampling",
@@ -201,16 +196,22 @@ def policy_unread(block, path: str = "policy") -> dict[str, str]:
     return config_blocks.unread(block, path, config_kinds.POLICY_KINDS)
 
 
-def make_rollout_policy(config, model_cfg, params, tokenizer):
-    """The training loop's policy: `rollout.backend` 'jax' (`JaxPolicy`, the default) or 'vllm'
-    (`VllmPolicy`, engine options from `rollout.vllm`; a 0 leaves vLLM's default)."""
+ROLLOUT_BACKENDS = ("jax", "vllm", "http_tokens")
+
+
+def make_rollout_policy(config, model_cfg, params, tokenizer, workdir: str = ""):
+    """The training loop's policy: `rollout.backend` 'jax' (`JaxPolicy`, the default), 'vllm'
+    (`VllmPolicy`, engine options from `rollout.vllm`; a 0 leaves vLLM's default) or 'http_tokens'
+    (`HttpRolloutPolicy`: separate servers, `rollout.http`, weights pushed under `workdir`)."""
     backend = config.rollout["backend"] if "backend" in config.rollout else "jax"
     if backend == "jax":
         options = {k: config.rollout[k] for k in ("kv_reuse", "kv_dtype") if k in config.rollout}
         with user_input(f"rollout.kv_dtype={options.get('kv_dtype')!r}", "Use '', 'float32' or 'bfloat16'."):
             return JaxPolicy(model_cfg, params, tokenizer, seed=config.seed, **options)
+    if backend == "http_tokens":
+        return make_http_rollout_policy(config.rollout.http, model_cfg, tokenizer, workdir)
     if backend != "vllm":
-        raise UserError(f"rollout.backend={backend!r} is not one of ['jax', 'vllm']")
+        raise UserError(f"rollout.backend={backend!r} is not one of {list(ROLLOUT_BACKENDS)}")
     block = dict(config.rollout.vllm)
     options = VllmOptions(weight_sync=block.pop("weight_sync"),
                           engine_kwargs={k: v for k, v in block.items() if v})
@@ -220,13 +221,35 @@ def make_rollout_policy(config, model_cfg, params, tokenizer):
         raise UserError(f"rollout.backend='vllm': {e}; or keep --config.rollout.backend=jax") from e
 
 
+def make_http_rollout_policy(block, model_cfg, tokenizer, workdir: str) -> HttpRolloutPolicy:
+    """`rollout.backend=http_tokens`'s policy from the `rollout.http` block."""
+    urls = [u for u in block.base_urls if u]
+    if not urls or not block.model:
+        raise UserError("rollout.backend=http_tokens needs --config.rollout.http.base_urls=\"('http://host:port/v1',)\" "
+                        "and --config.rollout.http.model=<the served model's name>")
+    if jax.process_count() > 1:
+        raise UserError("rollout.backend=http_tokens runs one training process: its weight push is one writer")
+    weights_dir = paths.resolve(block.weights_dir) if block.weights_dir else os.path.join(workdir, "rollout_weights")
+    options = {k: block[k] for k in ("timeout", "max_retries", "backoff", "max_backoff", "max_consecutive_failures")}
+    with user_input("rollout.http", "See experiments/common.py, add_rollout_backend."):
+        return HttpRolloutPolicy(urls, block.model, tokenizer, model_cfg, weights_dir,
+                                 max_concurrency=int(block.max_concurrency), push_timeout_s=float(block.push_timeout_s),
+                                 api_key_env=block.api_key_env or None, **options)
+
+
 def rollout_unread(config) -> dict[str, str]:
     if "vllm" not in config.rollout:
         return {}
-    if config.rollout.backend == "vllm":
-        return {k: "rollout.backend='vllm' keeps its own cache"
-                for k in ("rollout.kv_reuse", "rollout.kv_dtype") if k.split(".")[1] in config.rollout}
-    return {f"rollout.vllm.{k}": "rollout.backend='jax' never reads it" for k in config.rollout.vllm}
+    backend = config.rollout.backend
+    out = {}
+    if backend != "jax":
+        out.update({k: f"rollout.backend={backend!r} keeps its own cache"
+                    for k in ("rollout.kv_reuse", "rollout.kv_dtype") if k.split(".")[1] in config.rollout})
+    if backend != "vllm":
+        out.update({f"rollout.vllm.{k}": f"rollout.backend={backend!r} never reads it" for k in config.rollout.vllm})
+    if backend != "http_tokens" and "http" in config.rollout:
+        out.update({f"rollout.http.{k}": f"rollout.backend={backend!r} never reads it" for k in config.rollout.http})
+    return out
 
 
 # ------------------------------------------------------------------------------------------------

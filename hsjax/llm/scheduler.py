@@ -69,10 +69,19 @@ class BatchScheduler:
         self.requests = self.generate_calls = self.largest_batch = self.dropped = 0
         self._waiting, self._call_s = 0, 1.0  # requests in the queue; seconds per generate call (EMA)
         self._lock = threading.Lock()
+        self._params_lock = threading.Lock()  # held through each generate call; `update_params` waits for it
+        self.weight_version: str | None = None  # the last `update_params`'s version; None: the weights it started with
         self._queue: queue.Queue[QueuedRequest | None] = queue.Queue()
         self._held: QueuedRequest | None = None  # taken from the queue, waits for the next call
         self._thread: threading.Thread | None = None
         self._closed = False
+
+    def update_params(self, params, version: str | None) -> None:
+        """The policy samples from `params` from the next generate call on; a call running finishes
+        with the old ones, so no reply mixes two versions."""
+        with self._params_lock:
+            self.policy.update_params(params)
+            self.weight_version = version
 
     @property
     def alive(self) -> bool:
@@ -180,7 +189,8 @@ class BatchScheduler:
                 if not group:
                     continue
                 try:
-                    replies = self._generate(group, sampling)
+                    with self._params_lock:
+                        replies = self._generate(group, sampling)
                 except Exception as e:  # answered as a 500; the worker keeps serving
                     log.exception("serve: generation failed for a batch of %d", len(group))
                     for job in group:

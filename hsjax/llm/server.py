@@ -80,7 +80,8 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
               default_max_tokens: int = 256, max_tokens_limit: int = 4096,
               api_key_env: str | None = None, max_queue: int = MAX_QUEUE,
               max_stop_strings: int = MAX_STOP_STRINGS, max_stop_chars: int = MAX_STOP_CHARS,
-              max_body_bytes: int = MAX_BODY_BYTES, max_prompt_chars: int | None = None):
+              max_body_bytes: int = MAX_BODY_BYTES, max_prompt_chars: int | None = None,
+              load_weights=None):
     """A FastAPI app serving `policy` under `model_name`.
 
     `max_context` defaults to the policy's `max_context` (None: no bound). With
@@ -91,6 +92,13 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
     request samples at most `max_batch` sequences (its prompts times `n`). A body past
     `max_body_bytes` is a 413; a prompt past `max_prompt_chars` characters a 400 before it is
     tokenized (None: `openai_api.CHARS_PER_TOKEN_BOUND` times `max_context`).
+
+    `load_weights(model_path) -> params` (None: off, the endpoint answers 404) turns on `POST
+    /update_weights_from_disk {"model_path", "weight_version"}`, SGLang's endpoint, which a training
+    run's `rollout.backend=http_tokens` calls after each update: the params are loaded off the event
+    loop and swapped in between two generate calls (`BatchScheduler.update_params`). It takes the API key
+    like `/v1/*`; `load_weights` decides which paths it reads (serve mode: under `serve.weights_root`)
+    and raises ValueError for one it refuses (a 400).
     """
     policy = as_policy(policy)
     if max_context is None:
@@ -162,7 +170,7 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
                              "model": model_name, "requests": scheduler.requests,
                              "generate_calls": scheduler.generate_calls,
                              "largest_batch": scheduler.largest_batch, "waiting": scheduler.waiting,
-                             "dropped": scheduler.dropped},
+                             "dropped": scheduler.dropped, "weight_version": scheduler.weight_version},
                             status_code=status)
 
     @app.get("/v1/models")
@@ -191,6 +199,25 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
             return StreamingResponse(_sse(stream_chunks(parsed, reply, model_name, tokens)),
                                      media_type="text/event-stream")
         return response_body(parsed, reply, model_name, tokens)
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(request: Request):
+        authorize(request)
+        if load_weights is None:
+            raise APIError(404, "this server takes no weight updates; start it with serve.weights_root=<dir>",
+                           code="not_found")
+        body = parse_json(await read_body(request, max_body_bytes))
+        path, version = body.get("model_path"), body.get("weight_version")
+        if not isinstance(path, str) or not path or not isinstance(version, (str, type(None))):
+            raise bad_request("the body is {\"model_path\": <directory>, \"weight_version\": <string, optional>}")
+        start = time.monotonic()
+        try:
+            params = await asyncio.to_thread(load_weights, path)
+        except (ValueError, OSError) as e:
+            raise bad_request(f"weights not loaded: {str(e)[:500]}", "model_path") from None
+        await asyncio.to_thread(scheduler.update_params, params, version)
+        log.info("serve: weight version %s from %s in %.2fs", version, path, time.monotonic() - start)
+        return {"success": True, "message": f"loaded {path}", "weight_version": version}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

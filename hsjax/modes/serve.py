@@ -18,6 +18,7 @@ import uvicorn
 from hsjax import builders
 from hsjax.infra import paths
 from hsjax.infra.errors import UserError
+from hsjax.infra.model_loading import check_params_fit, is_hf_dir
 from hsjax.llm.server import build_app
 from hsjax.models.tiny import write_tiny_model
 
@@ -35,6 +36,31 @@ def load_policy(serve_cfg, seed: int = 0, workdir: str | None = None):
         hf_dir = str(write_tiny_model(pathlib.Path(workdir) / "tiny_model", seed))
     policy = builders.load_jax_policy(hf_dir, ckpt, seed=seed)
     return policy, paths.resolve(ckpt or hf_dir).resolve().name
+
+
+def weights_loader(root: str, cfg, model_name: str):
+    """`load(model_path) -> params` for `POST /update_weights_from_disk`: an HF directory under `root`
+    (symlinks resolved first) whose params fit the served model `cfg`; ValueError for anything else.
+    None when `root` is empty (the endpoint is off)."""
+    if not root:
+        return None
+    base = pathlib.Path(paths.resolve(root)).resolve()
+    if not base.is_dir():
+        raise UserError(f"serve.weights_root={root!r} is not a directory; create it or leave it empty")
+
+    def load(model_path: str):
+        path = pathlib.Path(model_path).resolve()
+        if path != base and base not in path.parents:
+            raise ValueError(f"the path is outside serve.weights_root ({base}): {model_path[:200]!r}")
+        if not is_hf_dir(path):
+            raise ValueError(f"not an HF model directory (config.json + safetensors): {model_path[:200]!r}")
+        _, params, _, _ = builders.load_model(str(path), weights=True)
+        try:
+            check_params_fit(cfg, params, str(path), model_name)
+        except UserError as e:
+            raise ValueError(str(e)) from None
+        return params
+    return load
 
 
 def check_bounds(s) -> None:
@@ -59,7 +85,8 @@ def main(config, workdir: str) -> None:
                     max_tokens_limit=int(s.max_tokens_limit), api_key_env=s.api_key_env or None,
                     max_queue=int(s.max_queue), max_stop_strings=int(s.max_stop_strings),
                     max_stop_chars=int(s.max_stop_chars), max_body_bytes=int(s.max_body_bytes),
-                    max_prompt_chars=int(s.max_prompt_chars) or None)
+                    max_prompt_chars=int(s.max_prompt_chars) or None,
+                    load_weights=weights_loader(s.weights_root, policy.cfg, model_name))
     with open(pathlib.Path(workdir) / "config.json", "w", encoding="utf-8") as f:
         f.write(config.to_json_best_effort(indent=2))
     print(f"serving {model_name!r} at http://{s.host}:{s.port}/v1 (auth "

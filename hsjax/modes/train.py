@@ -7,6 +7,10 @@ optimizer and state, checkpoint, update step, loop. Per step:
     rescuer's k siblings (m each) -> pack into the fixed G x (n + k*m) layout -> jitted update ->
     (every E steps) eval under the base harness on held-out tasks -> (every C steps) checkpoint.
 
+Everything before the update is `hsjax.harness_s.step_rollouts.collect`; with `rollout.staleness=1`
+step t+1's collect runs on a worker thread while step t's update runs (one step off), and the
+checkpoint carries the batch so collected ahead.
+
 The loop reaches the benchmark only through `harness_envs.benchmark.Benchmark`. Everything random
 is a function of (config.seed, step), and the data position and rescuer state are checkpointed,
 so a run resumed from its latest checkpoint continues exactly.
@@ -22,19 +26,16 @@ import numpy as np
 import tqdm
 
 from hsjax import builders, voter_servers
-from hsjax.harness_s.rescue import plan_rescue, rescue_failed_groups
+from hsjax.harness_s import step_rollouts
+from hsjax.harness_s.step_rollouts import EVAL_PHASE, MAX_DRAWS, phase_sampling, phase_seed
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import console, distributed, host_memory, sharding, tracking
 from hsjax.infra import metrics as metrics_lib
 from hsjax.infra.errors import RunStopped, UserError
-from hsjax.policies.tokens import render_prompt
-from hsjax.rl import batch as batch_lib
 from hsjax.rl import grpo, optim, reference
 from hsjax.rl.losses import LossConfig
 from hsjax.rl.task_stream import TaskStream
 from hsjax.rollout.evaluation import evaluate_base
-from hsjax.rollout.runner import Job, episode_record
-from hsjax.rollout.segments import rerender_with_prefix
 
 log = logging.getLogger(__name__)
 
@@ -64,31 +65,12 @@ def unread(config) -> dict[str, str]:
     return out
 
 
-# The phases of a step's sampling seeds (`phase_seed`; draw d is phase d): draws below MAX_DRAWS, RESCUE_PHASE
-# and EVAL_PHASE differ modulo PHASE_STRIDE, so no two (step, phase) share a seed. Runs keep their seeds.
-PHASE_STRIDE, RESCUE_PHASE, EVAL_PHASE = 101, 1000, 2000
-MAX_DRAWS = min(RESCUE_PHASE % PHASE_STRIDE, EVAL_PHASE % PHASE_STRIDE)  # 81: draws 0..80
-
-
-def phase_seed(seed: int, step: int, phase: int) -> int:
-    """A distinct, reproducible sampling seed per (run seed, step, phase)."""
-    return (seed * 1_000_003 + step * PHASE_STRIDE + phase) % (2**31 - 1)
-
-
 def loss_config(config) -> LossConfig:
     c = config.loss
     return LossConfig(advantage=c.advantage, success_threshold=c.success_threshold, eps_low=c.eps_low,
                       eps_high=c.eps_high, aggregation=c.aggregation, beta=c.beta, is_cap=c.is_cap,
                       is_weight=c.is_weight, rescue_baseline=c.rescue_baseline,
                       kl_estimator=c.kl_estimator, temperature=config.rollout.temperature)
-
-
-def phase_sampling(policy, block, seed: int):
-    """The sampling settings of one phase, with the policy's key sequence restarted at its seed
-    (a no-op for scripted and HTTP policies), so a resumed run draws what an uninterrupted one did."""
-    sampling = builders.sampling_params(block, seed)
-    policy.reseed(sampling.seed)
-    return sampling
 
 
 def evaluate(step, runner, bench, base, eval_sets, config, workdir):
@@ -98,41 +80,8 @@ def evaluate(step, runner, bench, base, eval_sets, config, workdir):
                                                          phase_seed(config.seed, step, EVAL_PHASE)))
 
 
-def group_reward_spread(trajs) -> float:
-    rewards = [float(t.result.get("reward", 0.0)) for t in trajs]
-    return max(rewards) - min(rewards)
-
-
-def draw_groups(data, step, runner, base, config):
-    """Base-harness groups for one step.
-
-    Plain GRPO takes the next G tasks. DAPO's dynamic sampling (`config.dapo.enabled`) drops groups
-    whose rewards are all equal and keeps drawing G tasks at a time until G groups are kept or
-    `config.dapo.max_draws` draws were made; the batch is then completed by invalid groups.
-    """
-    G, n = config.rollout.groups, config.rollout.n
-    draws = config.dapo.max_draws if config.dapo.enabled else 1
-    kept_tasks, kept_groups, drawn, dropped = [], [], 0, 0
-    for draw in range(draws):
-        tasks = data.next(G)
-        sampling = phase_sampling(runner.policy, config.rollout, phase_seed(config.seed, step, draw))
-        trajs = runner.run([Job(base, task, i) for task in tasks for i in range(n)], sampling)
-        drawn += len(tasks)
-        for g, task in enumerate(tasks):
-            group = trajs[g * n:(g + 1) * n]
-            if config.dapo.enabled and group_reward_spread(group) == 0.0:
-                dropped += 1
-                continue
-            if len(kept_tasks) < G:
-                kept_tasks.append(task)
-                kept_groups.append(group)
-        if len(kept_tasks) >= G:
-            break
-    stats = {"dapo/drawn_groups": drawn, "dapo/dropped_groups": dropped} if config.dapo.enabled else {}
-    return kept_tasks, kept_groups, stats
-
-
 NONFINITE_POLICIES = ("stop", "skip")
+STALENESS = (0, 1)  # rollout.staleness: how many updates the sampler may be behind (docs/training.md)
 
 
 def nonfinite_cause(metrics) -> str:
@@ -155,38 +104,6 @@ def nonfinite_stop(done: int, metrics, saved_steps) -> RunStopped:
         "set --config.loss.nonfinite=skip to skip such steps and count them (train/nonfinite_steps)")
 
 
-def in_base_context(bench, base, tokenizer):
-    """`rerender(task, traj)`: a rescue trajectory with its opening context replaced by the base
-    harness's, so the update trains its actions "as if" taken under the base (`rescue_context='base'`)."""
-    def rerender(task, traj):
-        return rerender_with_prefix(traj, render_prompt(tokenizer, bench.initial_messages(task, base)))
-    return rerender
-
-
-def step_metrics(groups, rescued, outcomes, update_metrics, rollouts: dict, dapo_stats):
-    """Host-side metrics of one step: rewards by harness, rescue counts, executor rollouts spent
-    (`rollouts`, counted by the runners: DAPO's dropped groups are rollouts too)."""
-    metrics = {k: float(v) for k, v in jax.device_get(update_metrics).items()}
-    base = [t for trajs in groups for t in trajs]
-    rescue = [t for pairs in rescued for t, _ in pairs]
-    metrics["reward/mean"] = float(np.mean([t.result.get("reward", 0.0) for t in base])) if base else 0.0
-    by_harness = {}
-    for t in base + rescue:
-        by_harness.setdefault(t.result["harness"], []).append(t.result.get("reward", 0.0))
-    for name, rewards in by_harness.items():
-        metrics[f"reward/by_harness/{name}"] = float(np.mean(rewards))
-    metrics.update(rollouts)
-    metrics["rescue/groups_rolled"] = sum(1 for pairs in rescued if pairs)
-    metrics["rescue/rollout_success_frac"] = (
-        float(np.mean([o["success"] for o in outcomes])) if outcomes else 0.0)
-    checked = [o["base_valid"] for o in outcomes if o.get("base_valid") is not None]
-    if checked:  # router.validity=replay: the share of checked successful rescues valid under base
-        metrics["rescue/base_valid_frac"] = float(np.mean(checked))
-    metrics["tokens/generated"] = sum(t.num_generated_tokens for t in base + rescue)
-    metrics.update(dapo_stats)
-    return metrics
-
-
 def main(config, workdir: str) -> dict:
     if config.loss.nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"loss.nonfinite={config.loss.nonfinite!r} is not one of {NONFINITE_POLICIES}: "
@@ -194,6 +111,12 @@ def main(config, workdir: str) -> dict:
     if config.dapo.enabled and config.dapo.max_draws > MAX_DRAWS:
         raise UserError(f"dapo.max_draws={config.dapo.max_draws} is more than {MAX_DRAWS}: further draws "
                         "would sample with the seeds of other steps' draws, rescues or evaluations; lower it")
+    if config.rollout.staleness not in STALENESS:
+        raise UserError(f"rollout.staleness={config.rollout.staleness!r} is not one of {STALENESS}: 0 collects each "
+                        "step's rollouts before its update, 1 collects step t+1's during step t's update")
+    if config.rollout.staleness and jax.process_count() > 1:
+        raise UserError("rollout.staleness=1 runs one process only: the rollouts' collectives on a worker thread "
+                        "would interleave with the update's across processes; use rollout.staleness=0")
     host_memory.release_after_compiles()  # the compiler's working memory, before a program runs
     # ----------------------------------------------------------------------------------------------
     # Mesh.
@@ -224,13 +147,12 @@ def main(config, workdir: str) -> dict:
     # The metric writer (hsjax/infra/tracking.py) writes config.json and opens the W&B run, if any.
     writer = tracking.from_config(config, workdir, enabled=distributed.is_main())
     # Each process samples with its own full copy of the params (`distributed.local_copy`), with
-    # the JAX sampler or a vLLM engine (`rollout.backend`).
-    policy = builders.make_rollout_policy(config, model_cfg, distributed.local_copy(params), tokenizer)
+    # the JAX sampler or a vLLM engine; or separate servers get the params pushed (`rollout.backend`).
+    policy = builders.make_rollout_policy(config, model_cfg, distributed.local_copy(params), tokenizer, workdir)
     # Each phase (base draws, rescue, evaluation) runs its episodes in one batch (no rollout.batch_size),
     # split across the processes of a multi-process run; the runner counts the rollouts of every phase.
     runner = builders.make_runner(config, bench, policy, runner="rollout", sampling="rollout", sharded=True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    rerender = in_base_context(bench, base, tokenizer) if config.loss.rescue_context == "base" else None
 
     # ----------------------------------------------------------------------------------------------
     # Optimizer and train state.
@@ -252,6 +174,12 @@ def main(config, workdir: str) -> dict:
     check_valid = builders.make_validity_check(config, bench, base)  # None unless router.validity=replay
     harness_ids = {spec.name: i for i, spec in enumerate([base, *builders.rescue_harnesses(config, pool)])}
     data = TaskStream(train_tasks, seed=config.seed)
+    rerender = step_rollouts.in_base_context(bench, base, tokenizer) if config.loss.rescue_context == "base" else None
+    # One step's rollouts, packed into its batch (hsjax/harness_s/step_rollouts.py); with
+    # rollout.staleness=1 the next step's are collected on a worker thread during this step's update.
+    collect_ctx = step_rollouts.StepContext(config, runner, bench, base, rescuer, data, harness_ids, int(pad_id),
+                                            rerender, check_valid)
+    prefetch = step_rollouts.Prefetch(collect_ctx)
     log.info("train tasks: %d, eval sets: %s, rescue harnesses: %s", len(train_tasks),
              {k: len(v) for k, v in eval_sets.items()}, list(harness_ids)[1:])
 
@@ -264,6 +192,8 @@ def main(config, workdir: str) -> dict:
         start_step, state = restored.step, restored.state
         data.load_state_dict(restored.host_state["data"])
         rescuer.load_state_dict(restored.host_state["rescuer"])
+        if restored.host_state.get("collected_ahead"):  # a one-step-off run's batch of its next step
+            prefetch.put(step_rollouts.StepBatch.from_json(restored.host_state["collected_ahead"]))
         console.say(f"resumed from step {start_step}")
     writer.truncate_after(start_step)
     # Router decisions carry the 0-based index of the step that made them.
@@ -273,7 +203,6 @@ def main(config, workdir: str) -> dict:
 
     # ----------------------------------------------------------------------------------------------
     # Update step.
-    S = config.rollout.n + rescuer.k * config.rescue.m
     update = grpo.jit_train_step(model_cfg, loss_config(config), optimizer,
                                  num_micro_batches=config.batch.micro_batches, materialize=merge)
     update = update if merge is None else functools.partial(update, frozen=params)
@@ -282,6 +211,19 @@ def main(config, workdir: str) -> dict:
     with_reference = (reference.filler(params, model_cfg, temperature=config.rollout.temperature,
                                        num_micro_batches=config.batch.micro_batches, copy=merge is None)
                       if config.loss.beta > 0 else None)
+
+    def push(state, version: int) -> None:
+        """The policy plays the params of `version` updates from now on (once per version). One step
+        off, the policy gets its own copy: the update donates the state's buffers while the next
+        step's rollouts still sample."""
+        if pushed[0] != version:
+            playing = playable(state.params)
+            if config.rollout.staleness and merge is None:
+                playing = jax.tree.map(jax.numpy.copy, playing)
+            policy.update_params(distributed.local_copy(playing))
+            pushed[0] = version
+
+    pushed = [None]
 
     def place(batch):
         return jax.tree.map(lambda x: jax.device_put(x, data_sharding) if x.ndim else x, batch)
@@ -302,44 +244,33 @@ def main(config, workdir: str) -> dict:
         cleanup.callback(writer.close)
         cleanup.callback(checkpointer.close)
         cleanup.callback(checkpointer.wait_until_finished)
+        cleanup.callback(prefetch.close)
         last = {}
+        push(state, start_step)  # separate rollout servers start from what they loaded: the run's params
         if start_step == 0 and config.eval.at_start:
             writer.truncate_after(-1)  # a restart before the first checkpoint evaluates again
             last = writer.write(0, evaluate(0, runner, bench, base, eval_sets, config, workdir))
             console.say(console.step_line(0, config.total_steps, last, _eval_keys(last)))
         for step in progress:
             t_step = time.perf_counter()
-            policy.update_params(distributed.local_copy(playable(state.params)))
-            before = runner.rollouts
-            tasks, groups, dapo_stats = draw_groups(data, step, runner, base, config)
-            drawn = runner.rollouts
-            plan = distributed.from_main(lambda: plan_rescue(
-                step, tasks, groups, rescuer, threshold=config.loss.success_threshold))
-            rescued, outcomes = rescue_failed_groups(
-                step, tasks, groups, rescuer, runner,
-                phase_sampling(policy, config.rollout, phase_seed(config.seed, step, RESCUE_PHASE)),
-                m=config.rescue.m, threshold=config.loss.success_threshold, plan=plan, check_valid=check_valid)
-            rescuer.observe(step, outcomes)
-            rollouts = {"rollouts/base": drawn - before, "rollouts/rescue": runner.rollouts - drawn}
-            t_rollout = time.perf_counter() - t_step
+            ready = prefetch.take(step)  # collected during the last update (rollout.staleness=1)
+            t_wait = time.perf_counter() - t_step
+            push(state, step)
+            if ready is None:
+                ready = step_rollouts.collect(collect_ctx, step, version=step)
+            if config.rollout.staleness and step + 1 < config.total_steps:
+                prefetch.start(step + 1, version=step)
 
             t0 = time.perf_counter()
-            packed = batch_lib.pack(
-                batch_lib.group_rollouts(tasks, groups, rescued, harness_ids[base.name], harness_ids, rerender),
-                G=config.rollout.groups, n=config.rollout.n, R=S - config.rollout.n,
-                T_buckets=list(config.batch.T_buckets), pad_id=int(pad_id),
-                rescue_context=config.loss.rescue_context, overlong=config.batch.overlong)
-            micro_T = None
-            if config.batch.group_by_length:
-                packed, micro_T = batch_lib.group_by_length(packed, config.batch.micro_batches,
-                                                            list(config.batch.T_buckets))
-            packed = with_reference(place(packed)) if with_reference else packed
+            packed = place(ready.batch)
+            packed = with_reference(packed) if with_reference else packed
             host_memory.release_free_memory()  # what the rollouts freed, before the update's peak
-            state, update_metrics = update(state, place(packed), micro_T=micro_T)
-            metrics = step_metrics(groups, rescued, outcomes, update_metrics, rollouts, dapo_stats)
+            state, update_metrics = update(state, packed, micro_T=ready.micro_T)
+            metrics = {k: float(v) for k, v in jax.device_get(update_metrics).items()}
+            metrics.update(ready.metrics)
             # The padded row length the update ran at (its longest micro-batch when grouped): what
             # its time and memory scale with.
-            metrics["batch/T"] = max(micro_T) if micro_T else int(packed.tokens_BxT.shape[1])
+            metrics["batch/T"] = max(ready.micro_T) if ready.micro_T else int(packed.tokens_BxT.shape[1])
             t_update = time.perf_counter() - t0
             # The update was not applied if it was not finite (grpo.train_step); stop before
             # anything of this step is written, or go on and count it.
@@ -352,20 +283,21 @@ def main(config, workdir: str) -> dict:
             totals["rollouts/total"] += metrics["rollouts/base"] + metrics["rollouts/rescue"]
             totals["rollouts/rescue_total"] += metrics["rollouts/rescue"]
             metrics.update(totals)
-            metrics.update({"time/rollout": t_rollout, "time/update": t_update,
-                            "tokens/per_s": metrics["tokens/generated"] / max(t_rollout, 1e-9)})
+            # How many updates behind the trained params the batch's sampler was, and how long the
+            # loop waited for a batch collected ahead.
+            metrics.update({"time/update": t_update, "rollout/staleness": step - ready.version,
+                            "time/rollout_wait": t_wait})
             done = step + 1
             if config.eval.every and (done % config.eval.every == 0 or done == config.total_steps):
                 t0 = time.perf_counter()
-                policy.update_params(distributed.local_copy(playable(state.params)))
+                prefetch.wait()  # the policy is the evaluation's once the next step's rollouts are in
+                push(state, done)
                 metrics.update(evaluate(done, runner, bench, base, eval_sets, config, workdir))
                 metrics["time/eval"] = time.perf_counter() - t0
-            if config.log.episodes_every and done % config.log.episodes_every == 0 and distributed.is_main():
-                trajs = [t for ts in groups for t in ts] + [t for pairs in rescued for t, _ in pairs]
-                metrics_lib.write_episodes(workdir, done, [episode_record(t) for t in trajs])
+            if ready.episodes is not None and distributed.is_main():
+                metrics_lib.write_episodes(workdir, done, ready.episodes)
             if distributed.is_main():
-                metrics_lib.append_jsonl(decisions_path, rescuer.drain_log())
-            metrics.update(rescuer.metrics())
+                metrics_lib.append_jsonl(decisions_path, ready.decisions)
             # Freed heap pages back to the system each step, or the resident set ratchets up
             # through a run (hsjax/infra/host_memory.py); the host's memory, logged after it.
             host_memory.release_free_memory()
@@ -379,8 +311,11 @@ def main(config, workdir: str) -> dict:
                 console.say(console.step_line(done, config.total_steps, metrics, {**STEP_LINE, **_eval_keys(metrics)}))
             if done % config.checkpoint.every == 0 or done == config.total_steps:
                 # Every process takes part in the save; the host state is process 0's (its
-                # rescuer made the decisions).
-                checkpointer.save(done, state, {"data": data.state_dict(), "rescuer": rescuer.state_dict()})
+                # rescuer made the decisions). A batch collected ahead is saved with the task stream and
+                # rescuer that already drew it, so a resumed run updates on it as this one will.
+                ahead = prefetch.wait()
+                checkpointer.save(done, state, {"data": data.state_dict(), "rescuer": rescuer.state_dict(),
+                                                **({"collected_ahead": ahead.to_json()} if ahead else {})})
                 if distributed.is_main():
                     rescuer.save_artifacts(workdir)
     return last

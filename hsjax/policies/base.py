@@ -95,6 +95,13 @@ class SamplingParams:
         return 1.0 if self.greedy else float(self.temperature)
 
 
+def sampling_params(block, seed: int) -> SamplingParams:
+    """A config block with `temperature`, `top_p`, `top_k`, `greedy`, `max_new_tokens` as SamplingParams."""
+    return SamplingParams(temperature=float(block.temperature), top_p=float(block.top_p),
+                          top_k=int(block.top_k), greedy=bool(block.greedy),
+                          max_new_tokens=int(block.max_new_tokens), seed=int(seed))
+
+
 @dataclasses.dataclass
 class Generation:
     """One generated reply: its ids, the logprob of each id, its text, and why it ended.

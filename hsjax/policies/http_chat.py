@@ -88,6 +88,7 @@ class HttpChatPolicy(ChatPolicy):
         if max_consecutive_failures < 0 or (max_reply_chars is not None and max_reply_chars < 1):
             raise ValueError(f"HttpChatPolicy: max_consecutive_failures must be >= 0 (0: no breaker) and "
                              f"max_reply_chars >= 1 or None; got {max_consecutive_failures}, {max_reply_chars}")
+        self.base_url = base_url
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.max_retries = max_retries

@@ -7,6 +7,7 @@ from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
 from hsjax import builders
 from hsjax.infra import experiments
 from hsjax.models.tokenizer import build_tiny_tokenizer
+from hsjax.harness_s import step_rollouts
 from hsjax.modes import train
 from hsjax.policies.scripted import ScriptedTokenPolicy
 from hsjax.policies.tokens import render_prompt
@@ -42,12 +43,12 @@ def test_dapo_keeps_only_groups_with_reward_spread_and_caps_draws():
     # Each episode slips with probability 1/2, so groups of 4 are often mixed, sometimes uniform.
     bench, pool, train_tasks, runner = setup(c, NoisyAgent({"format_slip": 0.5}, seed=3))
     data = TaskStream(train_tasks, seed=0)
-    tasks, groups, stats = train.draw_groups(data, 0, runner, pool.base, c)
+    tasks, groups, stats = step_rollouts.draw_groups(data, 0, runner, pool.base, c)
     assert stats["dapo/drawn_groups"] <= 3 * 3 and stats["dapo/drawn_groups"] % 3 == 0
     assert data.position == stats["dapo/drawn_groups"]
     assert len(tasks) == len(groups) <= 3
     for trajs in groups:
-        assert train.group_reward_spread(trajs) > 0
+        assert step_rollouts.group_reward_spread(trajs) > 0
     assert stats["dapo/dropped_groups"] + len(groups) <= stats["dapo/drawn_groups"]
     if len(groups) < 3:
         assert stats["dapo/drawn_groups"] == 9  # the cap ended the search
@@ -58,7 +59,7 @@ def test_dapo_keeps_only_groups_with_reward_spread_and_caps_draws():
 def test_dapo_with_an_oracle_drops_everything_after_max_draws():
     c = config("dapo", **{"rollout.groups": 2, "rollout.n": 2, "dapo.max_draws": 2})
     bench, pool, train_tasks, runner = setup(c, OracleAgent())
-    tasks, groups, stats = train.draw_groups(TaskStream(train_tasks, seed=0), 0, runner, pool.base, c)
+    tasks, groups, stats = step_rollouts.draw_groups(TaskStream(train_tasks, seed=0), 0, runner, pool.base, c)
     assert tasks == [] and groups == []
     assert stats == {"dapo/drawn_groups": 4, "dapo/dropped_groups": 4}
     assert runner.rollouts == 8
@@ -68,7 +69,7 @@ def test_plain_draw_takes_the_next_tasks_in_stream_order():
     c = config("policy_only", **{"rollout.groups": 2, "rollout.n": 2})
     bench, pool, train_tasks, runner = setup(c, OracleAgent())
     expected = TaskStream(train_tasks, seed=0).next(2)
-    tasks, groups, stats = train.draw_groups(TaskStream(train_tasks, seed=0), 0, runner, pool.base, c)
+    tasks, groups, stats = step_rollouts.draw_groups(TaskStream(train_tasks, seed=0), 0, runner, pool.base, c)
     assert [t.task_id for t in tasks] == [t.task_id for t in expected] and stats == {}
     assert all(t.result["success"] for trajs in groups for t in trajs)
     assert [[t.result["sample_index"] for t in trajs] for trajs in groups] == [[0, 1], [0, 1]]
@@ -95,7 +96,7 @@ def test_rerender_in_base_swaps_the_sibling_prefix_and_keeps_the_policy_tokens()
                                  tokenizer=tokenizer, eos_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
     runner = EpisodeRunner(bench.make_episode, policy, builders.sampling_params(c.rollout, 0))
     (traj,) = runner.run([Job(schema_first, task)])
-    new = train.in_base_context(bench, pool.base, tokenizer)(task, traj)
+    new = step_rollouts.in_base_context(bench, pool.base, tokenizer)(task, traj)
     old_seg, new_seg = traj.segments[0], new.segments[0]
     cut = traj.turns[0]["prompt_tokens"]
     base_prompt = render_prompt(tokenizer, bench.initial_messages(task, pool.base))
@@ -141,7 +142,7 @@ def test_step_metrics_take_the_rollouts_the_runners_counted():
 
     kept = [[traj(1.0), traj(0.0)]]  # one kept group of n=2; DAPO drew 5 groups to find it
     dapo = {"dapo/drawn_groups": 5, "dapo/dropped_groups": 4}
-    metrics = train.step_metrics(kept, [[]], [], {}, {"rollouts/base": 10, "rollouts/rescue": 0}, dapo)
+    metrics = step_rollouts.rollout_metrics(kept, [[]], [], {"rollouts/base": 10, "rollouts/rescue": 0}, dapo)
     assert metrics["rollouts/base"] == 10 and metrics["dapo/dropped_groups"] == 4
     assert metrics["reward/by_harness/base"] == 0.5 and metrics["tokens/generated"] == 6
 

@@ -1,0 +1,121 @@
+"""One-step-off rollouts (`rollout.staleness=1`): step t+1's rollouts are collected during step t's
+update with the params before it, change nothing else, and a run stopped after a checkpoint resumes
+exactly (the checkpoint carries the batch collected ahead)."""
+import hashlib
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from hsjax.harness_s import step_rollouts
+from hsjax.infra import checkpoint as ckpt_lib
+from hsjax.infra.errors import UserError
+from hsjax.infra import experiments
+from hsjax.modes import train
+
+pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+# Timings, throughput and memory differ between runs; rollout/staleness is what the arms differ in.
+VARYING = ("time/", "tokens/per_s", "memory/", "router/latency", "rollout/staleness")
+
+
+def async_config(total_steps, staleness, learning_rate=None):
+    # The v3 warm start with the tables_first sibling: some rollouts succeed, so updates move the params.
+    config = experiments.get_config("testbed", "names_tables_first,smoke,v3")
+    config.total_steps = total_steps
+    config.rollout.staleness = staleness
+    config.optim.schedule_steps = 3  # one schedule for runs stopped and resumed
+    config.optim.warmup_steps = 0  # the first update moves the params too
+    if learning_rate is not None:
+        config.optim.learning_rate = learning_rate
+    config.checkpoint.every, config.checkpoint.keep = 1, 5
+    config.eval.every = 0
+    config.rollout.groups, config.rollout.max_new_tokens = 4, 64
+    return config
+
+
+def rows(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def comparable(workdir):
+    return [{k: v for k, v in row.items() if not k.startswith(VARYING)} for row in rows(workdir)]
+
+
+def fingerprint(params) -> str:
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+        digest.update(np.asarray(leaf).tobytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture
+def sampled_with(monkeypatch):
+    """{step: fingerprint of the params the policy held when that step's rollouts were collected}."""
+    seen = {}
+    collect = step_rollouts.collect
+
+    def recording(ctx, step, version):
+        seen[step] = fingerprint(ctx.runner.policy.params)
+        return collect(ctx, step, version)
+
+    monkeypatch.setattr(step_rollouts, "collect", recording)
+    return seen
+
+
+def test_one_step_off_samples_with_the_params_one_update_behind(tmp_path, sampled_with):
+    workdir = tmp_path / "async"
+    train.main(async_config(3, staleness=1), str(workdir))
+    saved = {step: fingerprint(ckpt_lib.load_params(workdir / "checkpoints", step)) for step in (1, 2, 3)}
+    assert len({sampled_with[0], *saved.values()}) == 4  # every update moved the params
+    # step 0 samples the initial params; step t >= 1 the params after t - 1 updates, while update t runs
+    assert (sampled_with[1], sampled_with[2]) == (sampled_with[0], saved[1])
+    assert [r["rollout/staleness"] for r in rows(workdir)] == [0, 1, 1]
+    assert all(np.isfinite(r["loss/pg"]) and "logprob_gap/abs_mean" in r for r in rows(workdir))
+
+
+def test_synchronous_steps_sample_the_params_of_their_own_step(tmp_path, sampled_with):
+    workdir = tmp_path / "sync"
+    train.main(async_config(2, staleness=0), str(workdir))
+    assert sampled_with[1] == fingerprint(ckpt_lib.load_params(workdir / "checkpoints", 1))
+    assert [r["rollout/staleness"] for r in rows(workdir)] == [0, 0]
+
+
+def test_with_params_that_never_move_one_step_off_changes_nothing(tmp_path):
+    # Learning rate 0: both arms sample the same params, so any other difference is the pipeline's.
+    train.main(async_config(3, staleness=0, learning_rate=0.0), str(tmp_path / "sync"))
+    train.main(async_config(3, staleness=1, learning_rate=0.0), str(tmp_path / "async"))
+    assert comparable(tmp_path / "sync") == comparable(tmp_path / "async")
+
+
+class Stop(Exception):
+    pass
+
+
+def test_one_step_off_resumes_exactly(tmp_path, monkeypatch):
+    train.main(async_config(3, staleness=1), str(tmp_path / "straight"))
+    save = ckpt_lib.Checkpointer.save
+
+    def save_then_stop(self, step, state, host_state=None):
+        save(self, step, state, host_state)
+        if step == 2:
+            assert "collected_ahead" in host_state  # the batch of step 3, sampled with the params of step 1
+            raise Stop
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt_lib.Checkpointer, "save", save_then_stop)
+        with pytest.raises(Stop):
+            train.main(async_config(3, staleness=1), str(tmp_path / "resumed"))
+    train.main(async_config(3, staleness=1), str(tmp_path / "resumed"))
+    assert comparable(tmp_path / "resumed") == comparable(tmp_path / "straight")
+    assert [r["rollout/staleness"] for r in rows(tmp_path / "resumed")] == [0, 1, 1]
+    for a, b in zip(jax.tree.leaves(ckpt_lib.load_params(tmp_path / "straight" / "checkpoints", subtree=None)),
+                    jax.tree.leaves(ckpt_lib.load_params(tmp_path / "resumed" / "checkpoints", subtree=None))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_staleness_the_loop_cannot_keep_is_refused(tmp_path):
+    config = async_config(1, staleness=2)
+    with pytest.raises(UserError, match="rollout.staleness=2"):
+        train.main(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
