@@ -21,6 +21,7 @@ import base64
 import concurrent.futures
 import dataclasses
 import io
+import math
 import time
 
 import numpy as np
@@ -159,8 +160,8 @@ class StepBatch:
         np.savez_compressed(buffer, **{k: np.asarray(v) for k, v in arrays.items()})
         return {"step": self.step, "version": self.version, "num_groups": int(self.batch.num_groups),
                 "arrays": base64.b64encode(buffer.getvalue()).decode("ascii"),
-                "micro_T": list(self.micro_T) if self.micro_T else None, "metrics": self.metrics,
-                "decisions": self.decisions, "episodes": self.episodes}
+                "micro_T": list(self.micro_T) if self.micro_T else None, "metrics": _plain(self.metrics),
+                "decisions": _plain(self.decisions), "episodes": _plain(self.episodes)}
 
     @classmethod
     def from_json(cls, data: dict) -> StepBatch:
@@ -168,8 +169,36 @@ class StepBatch:
             arrays = {k: npz[k] for k in npz.files}
         batch = batch_lib.TrainBatch(num_groups=int(data["num_groups"]), **arrays)
         return cls(step=int(data["step"]), version=int(data["version"]), batch=batch,
-                   micro_T=tuple(data["micro_T"]) if data["micro_T"] else None, metrics=dict(data["metrics"]),
-                   decisions=list(data["decisions"]), episodes=data["episodes"])
+                   micro_T=tuple(data["micro_T"]) if data["micro_T"] else None, metrics=_unplain(data["metrics"]),
+                   decisions=_unplain(data["decisions"]), episodes=_unplain(data["episodes"]))
+
+
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+_NONFINITE_TAG = "__float__"
+
+
+def _plain(value):
+    """`value` with NumPy scalars as Python's and non-finite floats tagged, so a checkpoint's strict JSON
+    holds it and `_unplain` gives it back."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return {_NONFINITE_TAG: repr(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _unplain(value):
+    if isinstance(value, dict):
+        if set(value) == {_NONFINITE_TAG}:
+            return NONFINITE[value[_NONFINITE_TAG]]
+        return {k: _unplain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unplain(v) for v in value]
+    return value
 
 
 def collect(ctx: StepContext, step: int, version: int) -> StepBatch:

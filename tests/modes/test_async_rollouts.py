@@ -49,23 +49,37 @@ def fingerprint(params) -> str:
     return digest.hexdigest()
 
 
-@pytest.fixture
-def sampled_with(monkeypatch):
-    """{step: fingerprint of the params the policy held when that step's rollouts were collected}."""
-    seen = {}
+def recording_collect(patch, seen: dict) -> None:
+    """Patches `collect` to note {step: fingerprint of the params the policy held when that step's
+    rollouts were collected} in `seen`."""
     collect = step_rollouts.collect
 
     def recording(ctx, step, version):
         seen[step] = fingerprint(ctx.runner.policy.params)
         return collect(ctx, step, version)
 
-    monkeypatch.setattr(step_rollouts, "collect", recording)
+    patch.setattr(step_rollouts, "collect", recording)
+
+
+@pytest.fixture
+def sampled_with(monkeypatch):
+    seen = {}
+    recording_collect(monkeypatch, seen)
     return seen
 
 
-def test_one_step_off_samples_with_the_params_one_update_behind(tmp_path, sampled_with):
-    workdir = tmp_path / "async"
-    train.main(async_config(3, staleness=1), str(workdir))
+@pytest.fixture(scope="module")
+def one_step_off(tmp_path_factory):
+    """A 3-step run with staleness 1 and what each step's rollouts sampled: (workdir, sampled_with)."""
+    workdir, seen = tmp_path_factory.mktemp("async") / "run", {}
+    with pytest.MonkeyPatch.context() as patch:
+        recording_collect(patch, seen)
+        train.main(async_config(3, staleness=1), str(workdir))
+    return workdir, seen
+
+
+def test_one_step_off_samples_with_the_params_one_update_behind(one_step_off):
+    workdir, sampled_with = one_step_off
     saved = {step: fingerprint(ckpt_lib.load_params(workdir / "checkpoints", step)) for step in (1, 2, 3)}
     assert len({sampled_with[0], *saved.values()}) == 4  # every update moved the params
     # step 0 samples the initial params; step t >= 1 the params after t - 1 updates, while update t runs
@@ -92,8 +106,8 @@ class Stop(Exception):
     pass
 
 
-def test_one_step_off_resumes_exactly(tmp_path, monkeypatch):
-    train.main(async_config(3, staleness=1), str(tmp_path / "straight"))
+def test_one_step_off_resumes_exactly(one_step_off, tmp_path, monkeypatch):
+    straight, _ = one_step_off
     save = ckpt_lib.Checkpointer.save
 
     def save_then_stop(self, step, state, host_state=None):
@@ -107,9 +121,9 @@ def test_one_step_off_resumes_exactly(tmp_path, monkeypatch):
         with pytest.raises(Stop):
             train.main(async_config(3, staleness=1), str(tmp_path / "resumed"))
     train.main(async_config(3, staleness=1), str(tmp_path / "resumed"))
-    assert comparable(tmp_path / "resumed") == comparable(tmp_path / "straight")
+    assert comparable(tmp_path / "resumed") == comparable(straight)
     assert [r["rollout/staleness"] for r in rows(tmp_path / "resumed")] == [0, 1, 1]
-    for a, b in zip(jax.tree.leaves(ckpt_lib.load_params(tmp_path / "straight" / "checkpoints", subtree=None)),
+    for a, b in zip(jax.tree.leaves(ckpt_lib.load_params(straight / "checkpoints", subtree=None)),
                     jax.tree.leaves(ckpt_lib.load_params(tmp_path / "resumed" / "checkpoints", subtree=None))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -119,3 +133,29 @@ def test_a_staleness_the_loop_cannot_keep_is_refused(tmp_path):
     with pytest.raises(UserError, match="rollout.staleness=2"):
         train.main(config, str(tmp_path / "run"))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_batch_collected_ahead_survives_the_checkpoints_json():
+    rng = np.random.default_rng(0)
+    B, T = 4, 8
+    batch = step_rollouts.batch_lib.TrainBatch(
+        tokens_BxT=rng.integers(0, 50, (B, T), dtype=np.int32), positions_BxT=np.tile(np.arange(T, dtype=np.int32), (B, 1)),
+        segment_ids_BxT=np.ones((B, T), np.int32), loss_mask_BxT=rng.random((B, T)) < 0.5,
+        old_logp_BxT=-rng.random((B, T)).astype(np.float32), reward_B=np.array([1, 0, 0.5, 0], np.float32),
+        group_B=np.array([0, 0, 1, 1], np.int32), slot_B=np.array([0, 1, 0, 1], np.int32),
+        harness_B=np.zeros(B, np.int32), is_rescue_B=np.zeros(B, bool), valid_B=np.ones(B, bool),
+        recontext_B=np.zeros(B, bool), overlong_B=np.zeros(B, bool), num_groups=2)
+    ahead = step_rollouts.StepBatch(step=3, version=2, batch=batch, micro_T=(8, 4),
+                                    metrics={"reward/mean": np.float32(0.25), "router/score": float("nan"),
+                                             "rollouts/base": np.int64(8)},
+                                    decisions=[{"step": 3, "chose": ["a", "b"]}], episodes=None)
+    text = json.dumps(ahead.to_json(), allow_nan=False)  # the checkpoint's host state is strict JSON
+    back = step_rollouts.StepBatch.from_json(json.loads(text))
+    assert (back.step, back.version, back.micro_T, back.decisions) == (3, 2, (8, 4), ahead.decisions)
+    assert back.metrics["reward/mean"] == 0.25 and back.metrics["rollouts/base"] == 8
+    assert np.isnan(back.metrics["router/score"])
+    for field in ("tokens_BxT", "loss_mask_BxT", "old_logp_BxT", "reward_B", "recontext_B"):
+        got, want = getattr(back.batch, field), getattr(batch, field)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    assert back.batch.num_groups == 2 and back.batch.ref_logp_BxT is None

@@ -1,22 +1,19 @@
 """The KL term to a reference policy (`loss.beta > 0`): its gradient against the estimator's formula
-on a tiny model, the reference's log-probs against the update's own, and a training run through
-run.py that trains with it and resumes exactly."""
-import pathlib
-import signal
-import subprocess
-import sys
-import time
-
+on a tiny model, the reference's log-probs against the update's own, and a training run that
+trains with it and resumes exactly."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hsjax.infra import checkpoint as ckpt_lib
+from hsjax.infra import experiments
 from hsjax.infra.metrics import read_metrics
 from hsjax.models.model import forward
 from hsjax.rl import grpo, reference
+from hsjax.modes import train
 from hsjax.rl.losses import KL_ESTIMATORS, LossConfig, token_logp
-from tests.modes.test_train import REPO, comparable, env, final_params
+from tests.modes.test_train import comparable, final_params
 from tests.rl.test_train_step import CFG, grads_fn, make_batch, on_policy, params0, policy_logp
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -92,35 +89,47 @@ def test_the_held_reference_survives_the_donating_update():
 
 
 # The testbed's policy_only arm from its shipped warm start (some rollouts succeed, so rows train),
-# two steps, a checkpoint each; a learning rate that moves the policy off the reference at step 1.
-KL_RUN = ("--config", f"{REPO}/experiments/testbed.py:policy_only,smoke", "--config.total_steps=2",
-          "--config.model.hf_dir=assets/testbed_warmstart", "--config.rollout.max_new_tokens=64",
-          "--config.rollout.groups=4", "--config.rollout.n=4", "--config.loss.beta=0.1",
-          "--config.optim.learning_rate=3e-4", "--config.optim.warmup_steps=0", "--config.eval.every=0",
-          "--config.log.episodes_every=0")
+def kl_config():
+    """Two steps, a checkpoint each; a learning rate that moves the policy off the reference at step 1."""
+    config = experiments.get_config("testbed", "policy_only,smoke")
+    config.total_steps = 2
+    config.model.hf_dir = "assets/testbed_warmstart"
+    config.rollout.max_new_tokens, config.rollout.groups, config.rollout.n = 64, 4, 4
+    config.loss.beta = 0.1
+    config.optim.learning_rate, config.optim.warmup_steps = 3e-4, 0
+    config.eval.every = config.log.episodes_every = 0
+    config.checkpoint.every = 1
+    return config
 
 
-def kl_run(workdir, *, kill_after_step=None):
-    cmd = [sys.executable, str(REPO / "run.py"), *KL_RUN, f"--workdir={workdir}"]
-    if kill_after_step is None:
-        proc = subprocess.run(cmd, env=env(), cwd=REPO, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-4000:]
+class Stopped(Exception):
+    pass
+
+
+def kl_run(workdir, monkeypatch, *, stop_after_step=None):
+    """A training run in this process; with `stop_after_step`, one that ends right after that step's
+    checkpoint, as a killed run would (its workdir holds nothing later)."""
+    if stop_after_step is None:
+        train.main(kl_config(), str(workdir))
         return
-    proc = subprocess.Popen(cmd, env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    manifest = pathlib.Path(workdir) / "checkpoints" / str(kill_after_step) / "hsjax_manifest.json"
-    deadline = time.monotonic() + 900
-    while not manifest.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint to kill the run after"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    save = ckpt_lib.Checkpointer.save
+
+    def save_then_stop(self, step, state, host_state=None):
+        save(self, step, state, host_state)
+        if step == stop_after_step:
+            raise Stopped
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt_lib.Checkpointer, "save", save_then_stop)
+        with pytest.raises(Stopped):
+            train.main(kl_config(), str(workdir))
 
 
-def test_a_run_with_a_kl_term_trains_reports_it_and_resumes_exactly(tmp_path):
-    """Two steps with beta > 0, straight, and killed after step 1's checkpoint then resumed: the
+def test_a_run_with_a_kl_term_trains_reports_it_and_resumes_exactly(tmp_path, monkeypatch):
+    """Two steps with beta > 0, straight, and stopped after step 1's checkpoint then resumed: the
     same metrics and parameters (the reference is loaded again, not restored)."""
     straight = tmp_path / "straight"
-    kl_run(straight)
+    kl_run(straight, monkeypatch)
     rows = read_metrics(straight)
     assert [r["step"] for r in rows] == [1, 2] and all(r["tokens/trained"] > 0 for r in rows)
     # Step 1 updates the starting policy itself: no divergence yet. Step 2 trains a policy one
@@ -128,8 +137,8 @@ def test_a_run_with_a_kl_term_trains_reports_it_and_resumes_exactly(tmp_path):
     assert abs(rows[0]["loss/kl"]) < 1e-6
     assert rows[1]["loss/kl"] > 0 and np.isfinite(rows[1]["loss/kl"]) and rows[1]["kl/log_ratio"] != 0
     resumed = tmp_path / "resumed"
-    kl_run(resumed, kill_after_step=1)
-    kl_run(resumed)
+    kl_run(resumed, monkeypatch, stop_after_step=1)
+    kl_run(resumed, monkeypatch)
     assert comparable(read_metrics(resumed)) == comparable(rows)
     a, b = final_params(straight), final_params(resumed)
     for name in a:
