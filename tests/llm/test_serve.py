@@ -272,10 +272,16 @@ def test_internal_failure_is_500_and_the_worker_survives(tokenizer):
 def test_bearer_auth_and_the_key_never_logged(tokenizer, monkeypatch, caplog):
     monkeypatch.setenv("HSJAX_SERVE_TEST_KEY", API_KEY)
     caplog.set_level(logging.DEBUG)
-    app = serve.build_app(ranking_policy(tokenizer), "stub-ranker", api_key_env="HSJAX_SERVE_TEST_KEY")
+    def never_loaded(path):
+        raise AssertionError(f"a weight push without the key reached the loader: {path}")
+
+    app = serve.build_app(ranking_policy(tokenizer), "stub-ranker", api_key_env="HSJAX_SERVE_TEST_KEY",
+                          load_weights=never_loaded)
     with serve.BackgroundServer(app, log_level="debug") as server:
         body = {"messages": vote_request().messages()}
         assert post(server, body).status_code == 401
+        push = httpx.post(f"http://{server.host}:{server.port}/update_weights_from_disk", json={"model_path": "/"})
+        assert push.status_code == 401  # the weight push takes the key like /v1/*
         wrong = post(server, body, headers={"Authorization": "Bearer sk-wrong"})
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(server.base_url + "/models").status_code == 401

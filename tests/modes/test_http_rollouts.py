@@ -70,9 +70,15 @@ def test_one_step_off_trains_on_rollouts_of_the_previous_weights(server, weights
     assert got[0]["logprob_gap/abs_max"] < 1e-3 < max(r["logprob_gap/abs_max"] for r in got[1:])
 
 
-def test_the_server_loads_weights_only_from_under_its_root(server, tmp_path):
+def test_the_server_loads_weights_only_from_under_its_root(server, weights_root, tmp_path):
     reply = httpx.post(server + "/update_weights_from_disk", json={"model_path": str(tmp_path)})
     assert reply.status_code == 400 and "outside serve.weights_root" in reply.text
+    (weights_root / "escape").symlink_to(tmp_path)  # a link under the root to a directory outside it
+    reply = httpx.post(server + "/update_weights_from_disk", json={"model_path": str(weights_root / "escape")})
+    assert reply.status_code == 400 and "outside serve.weights_root" in reply.text
+    (weights_root / "empty").mkdir()
+    reply = httpx.post(server + "/update_weights_from_disk", json={"model_path": str(weights_root / "empty")})
+    assert reply.status_code == 400 and "not an HF model directory" in reply.text
     reply = httpx.post(server + "/update_weights_from_disk", json={"model_path": "../../etc"})
     assert reply.status_code == 400
     reply = httpx.post(server + "/update_weights_from_disk", json={"weight_version": "1"})

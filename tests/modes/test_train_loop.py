@@ -154,3 +154,9 @@ def test_unread_keys_follow_the_chosen_kinds():
     assert "rescue.siblings" in unread and "rescue.hint" in unread and "rescue.m" in unread
     assert "rescue.hint" not in train.unread(config("hint"))
     assert "benchmark.backend.url" in unread
+    # the rollout servers' keys are read by rollout.backend=http_tokens only, the sampler's by jax only
+    assert "rollout.http.base_urls" in unread and "rollout.kv_reuse" not in unread
+    served = config("policy_only")
+    served.rollout.backend = "http_tokens"
+    unread = train.unread(served)
+    assert "rollout.http.base_urls" not in unread and "rollout.kv_reuse" in unread and "rollout.vllm.weight_sync" in unread
