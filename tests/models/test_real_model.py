@@ -20,10 +20,15 @@ from tests.smollm2 import load_reference, load_smollm2
 
 # Both float32 implementations are about 1e-4 from the float64 logits (|logits| up to 40, 30 layers
 # of rounding; the first position, with its large activations, the most), so they can differ by
-# twice that: the bound on hsjax against transformers is 2e-4 (relative 5e-6), and hsjax must be
-# as close to float64 as transformers' own float32 is (docs/models.md, "A real model").
-LOGIT_ATOL = 2e-4
-LOGPROB_ATOL = 2e-4  # log-softmax removes none of it: the rounding is not a shift of the whole row
+# twice that and more. Transformers' own float32 error moves with the kernels and reduction order torch
+# picks on a CPU: 1.7e-4 from float64 on one machine, 9.3e-5 on another, and 2.37e-4 from hsjax seen in
+# CI under three test workers on two cores. So the bound on hsjax against transformers is 3e-4
+# (relative 7.5e-6), and the sharp test is against float64: hsjax within FLOAT64_ATOL of it (float32
+# rounding of |logits| up to 40: relative 5e-6), or no further than 1.5x transformers' own float32
+# where that is further (docs/models.md, "A real model"). A layout or RoPE error is 1e-2 and more.
+LOGIT_ATOL = 3e-4
+FLOAT64_ATOL = 2e-4
+LOGPROB_ATOL = 3e-4  # log-softmax removes none of it: the rounding is not a shift of the whole row
 NEW_TOKENS = 20
 
 TEXTS = [
@@ -102,10 +107,11 @@ def test_logits_match_transformers(real):
     with torch.no_grad():
         ref = model(**inputs).logits.numpy()
         ref64 = copy.deepcopy(model).double()(**inputs).logits.numpy()
+    ours64, theirs64 = (np.abs(x.astype(np.float64) - ref64)[real_BxT].max() for x in (got, ref))
+    assert ours64 <= max(FLOAT64_ATOL, 1.5 * theirs64), \
+        f"hsjax {ours64:.2e} from float64, transformers float32 {theirs64:.2e}"
     diff = np.abs(got - ref)[real_BxT].max()
     assert diff <= LOGIT_ATOL, f"max |logit diff| {diff:.2e} over {int(mask_BxT.sum())} real tokens"
-    ours64, theirs64 = (np.abs(x.astype(np.float64) - ref64)[real_BxT].max() for x in (got, ref))
-    assert ours64 <= 1.5 * theirs64, f"hsjax {ours64:.2e} from float64, transformers float32 {theirs64:.2e}"
     logp_diff = np.abs(jax.nn.log_softmax(got, -1) - jax.nn.log_softmax(ref, -1))[real_BxT].max()
     assert logp_diff <= LOGPROB_ATOL, f"max |logprob diff| {logp_diff:.2e}"
     # The same next-token choice everywhere it is not a near tie.
