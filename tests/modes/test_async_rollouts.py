@@ -97,8 +97,10 @@ def test_synchronous_steps_sample_the_params_of_their_own_step(tmp_path, sampled
 
 def test_with_params_that_never_move_one_step_off_changes_nothing(tmp_path):
     # Learning rate 0: both arms sample the same params, so any other difference is the pipeline's.
-    train.main(async_config(3, staleness=0, learning_rate=0.0), str(tmp_path / "sync"))
-    train.main(async_config(3, staleness=1, learning_rate=0.0), str(tmp_path / "async"))
+    # Two steps: step 2's batch is the one collected ahead.
+    train.main(async_config(2, staleness=0, learning_rate=0.0), str(tmp_path / "sync"))
+    train.main(async_config(2, staleness=1, learning_rate=0.0), str(tmp_path / "async"))
+    assert [r["rollout/staleness"] for r in rows(tmp_path / "async")] == [0, 1]
     assert comparable(tmp_path / "sync") == comparable(tmp_path / "async")
 
 
