@@ -46,6 +46,10 @@ from hsjax.policies.base import as_policy
 
 log = logging.getLogger(__name__)
 
+# Bounds of a weight push's fields (`POST /update_weights_from_disk`).
+MAX_WEIGHTS_PATH_CHARS = 4096  # PATH_MAX on Linux
+MAX_WEIGHT_VERSION_CHARS = 64
+
 # ---------------------------------------------------------------------------------------------
 # The app
 
@@ -207,9 +211,14 @@ def build_app(policy, model_name: str, *, tokenizer=None, max_batch: int = 8,
             raise APIError(404, "this server takes no weight updates; start it with serve.weights_root=<dir>",
                            code="not_found")
         body = parse_json(await read_body(request, max_body_bytes))
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
         path, version = body.get("model_path"), body.get("weight_version")
-        if not isinstance(path, str) or not path or not isinstance(version, (str, type(None))):
-            raise bad_request("the body is {\"model_path\": <directory>, \"weight_version\": <string, optional>}")
+        # /health shows the version to anyone, so it is short; the path is read by the loader only
+        if (not isinstance(path, str) or not path or len(path) > MAX_WEIGHTS_PATH_CHARS
+                or not isinstance(version, (str, type(None))) or len(version or "") > MAX_WEIGHT_VERSION_CHARS):
+            raise bad_request(f"the body is {{\"model_path\": <directory, at most {MAX_WEIGHTS_PATH_CHARS} characters>, "
+                              f"\"weight_version\": <string of at most {MAX_WEIGHT_VERSION_CHARS}, optional>}}")
         start = time.monotonic()
         try:
             params = await asyncio.to_thread(load_weights, path)

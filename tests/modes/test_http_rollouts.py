@@ -83,6 +83,12 @@ def test_the_server_loads_weights_only_from_under_its_root(server, weights_root,
     assert reply.status_code == 400
     reply = httpx.post(server + "/update_weights_from_disk", json={"weight_version": "1"})
     assert reply.status_code == 400 and "model_path" in reply.text
+    reply = httpx.post(server + "/update_weights_from_disk", json=[str(weights_root)])
+    assert reply.status_code == 400 and "JSON object" in reply.text
+    # /health shows the version to anyone: a long one is refused before anything loads
+    reply = httpx.post(server + "/update_weights_from_disk",
+                       json={"model_path": str(weights_root / "empty"), "weight_version": "v" * 65})
+    assert reply.status_code == 400 and "at most 64" in reply.text
 
 
 def test_a_server_that_takes_no_weights_stops_the_run_before_a_rollout(tmp_path):
