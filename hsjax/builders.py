@@ -29,7 +29,7 @@ from hsjax.infra.errors import UserError, user_input
 from hsjax.infra.model_loading import (HF_DIR_FIX, RUNTIME_FIELDS, check_params_fit,  # noqa: F401
                                        checkpoint_steps, is_hf_dir, load_model, model_of_block, run_config)
 from hsjax.models import lora
-from hsjax.policies.base import AgentPolicy, SamplingParams, sampling_params  # noqa: F401  (modes' name)
+from hsjax.policies.base import AgentPolicy, sampling_params  # noqa: F401  (modes' name)
 from hsjax.policies.http_chat import HttpChatPolicy
 from hsjax.policies.http_rollout import HttpRolloutPolicy
 from hsjax.policies.http_tokens import HttpTokenPolicy

@@ -216,14 +216,15 @@ def main(config, workdir: str) -> dict:
         """The policy plays the params of `version` updates from now on (once per version). One step
         off, the policy gets its own copy: the update donates the state's buffers while the next
         step's rollouts still sample."""
-        if pushed[0] != version:
+        nonlocal pushed
+        if pushed != version:
             playing = playable(state.params)
             if config.rollout.staleness and merge is None:
                 playing = jax.tree.map(jax.numpy.copy, playing)
             policy.update_params(distributed.local_copy(playing))
-            pushed[0] = version
+            pushed = version
 
-    pushed = [None]
+    pushed = None  # the params version the policy plays
 
     def place(batch):
         return jax.tree.map(lambda x: jax.device_put(x, data_sharding) if x.ndim else x, batch)

@@ -13,6 +13,7 @@ from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra.errors import UserError
 from hsjax.infra import experiments
 from hsjax.modes import train
+from tests.modes.test_train import StoppedAfterCheckpoint, stopped_after_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 # Timings, throughput and memory differ between runs; rollout/staleness is what the arms differ in.
@@ -104,24 +105,11 @@ def test_with_params_that_never_move_one_step_off_changes_nothing(tmp_path):
     assert comparable(tmp_path / "sync") == comparable(tmp_path / "async")
 
 
-class Stop(Exception):
-    pass
-
-
 def test_one_step_off_resumes_exactly(one_step_off, tmp_path, monkeypatch):
     straight, _ = one_step_off
-    save = ckpt_lib.Checkpointer.save
-
-    def save_then_stop(self, step, state, host_state=None):
-        save(self, step, state, host_state)
-        if step == 2:
-            assert "collected_ahead" in host_state  # the batch of step 3, sampled with the params of step 1
-            raise Stop
-
-    with monkeypatch.context() as patch:
-        patch.setattr(ckpt_lib.Checkpointer, "save", save_then_stop)
-        with pytest.raises(Stop):
-            train.main(async_config(3, staleness=1), str(tmp_path / "resumed"))
+    with stopped_after_checkpoint(monkeypatch, 2) as saved, pytest.raises(StoppedAfterCheckpoint):
+        train.main(async_config(3, staleness=1), str(tmp_path / "resumed"))
+    assert "collected_ahead" in saved[2]  # the batch of step 3, sampled with the params of step 1
     train.main(async_config(3, staleness=1), str(tmp_path / "resumed"))
     assert comparable(tmp_path / "resumed") == comparable(straight)
     assert [r["rollout/staleness"] for r in rows(tmp_path / "resumed")] == [0, 1, 1]

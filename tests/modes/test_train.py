@@ -1,4 +1,5 @@
 """End-to-end training through `run.py`: the smoke run, and exact resume after a SIGKILL."""
+import contextlib
 import json
 import os
 import pathlib
@@ -64,6 +65,28 @@ def kill_after_checkpoint(workdir, total_steps, *extra, step, arg):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+
+
+class StoppedAfterCheckpoint(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def stopped_after_checkpoint(monkeypatch, step):
+    """Inside it, an in-process `train.main` ends with `StoppedAfterCheckpoint` as soon as the
+    checkpoint of `step` is saved, as a run killed then would; yields {step: host state saved}."""
+    saved = {}
+    save = ckpt_lib.Checkpointer.save
+
+    def save_then_stop(self, at, state, host_state=None):
+        save(self, at, state, host_state)
+        saved[at] = host_state
+        if at == step:
+            raise StoppedAfterCheckpoint
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt_lib.Checkpointer, "save", save_then_stop)
+        yield saved
 
 
 def decisions(workdir):

@@ -6,14 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import experiments
 from hsjax.infra.metrics import read_metrics
 from hsjax.models.model import forward
 from hsjax.rl import grpo, reference
 from hsjax.modes import train
 from hsjax.rl.losses import KL_ESTIMATORS, LossConfig, token_logp
-from tests.modes.test_train import comparable, final_params
+from tests.modes.test_train import StoppedAfterCheckpoint, comparable, final_params, stopped_after_checkpoint
 from tests.rl.test_train_step import CFG, grads_fn, make_batch, on_policy, params0, policy_logp
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -102,27 +101,14 @@ def kl_config():
     return config
 
 
-class Stopped(Exception):
-    pass
-
-
 def kl_run(workdir, monkeypatch, *, stop_after_step=None):
     """A training run in this process; with `stop_after_step`, one that ends right after that step's
     checkpoint, as a killed run would (its workdir holds nothing later)."""
     if stop_after_step is None:
         train.main(kl_config(), str(workdir))
         return
-    save = ckpt_lib.Checkpointer.save
-
-    def save_then_stop(self, step, state, host_state=None):
-        save(self, step, state, host_state)
-        if step == stop_after_step:
-            raise Stopped
-
-    with monkeypatch.context() as patch:
-        patch.setattr(ckpt_lib.Checkpointer, "save", save_then_stop)
-        with pytest.raises(Stopped):
-            train.main(kl_config(), str(workdir))
+    with stopped_after_checkpoint(monkeypatch, stop_after_step), pytest.raises(StoppedAfterCheckpoint):
+        train.main(kl_config(), str(workdir))
 
 
 def test_a_run_with_a_kl_term_trains_reports_it_and_resumes_exactly(tmp_path, monkeypatch):
