@@ -182,6 +182,9 @@ def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, e
                          "is_weight": "capped",  # capped | one (w = 1 on re-contextualised rescue rows)
                          "rescue_context": "as_generated",  # as_generated | base
                          "rescue_baseline": "rescue",  # rescue | with_base (see docs/training.md)
+                         # estimator | sft: rescue slots trained by the estimator's advantage, or
+                         # as SFT on the successful ones (1 / 0; docs/training.md)
+                         "rescue_advantage": "estimator",
                          "nonfinite": "stop"})  # a non-finite update: stop | skip (docs/training.md)
     # LoRA (docs/training.md, "LoRA"): rank > 0 trains adapters A, B on the listed projections of the
     # frozen model, W + (alpha / rank) A B; only they are in the optimizer state and the checkpoint.

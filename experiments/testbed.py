@@ -419,7 +419,8 @@ def _names_train_base(arm: str) -> ml_collections.ConfigDict:
 
 
 def _names_arm(base_arm: str, *, kind: str | None = None, siblings=(), k: int = 0, m: int = 0,
-               context: str = "as_generated", is_weight: str = "capped", n: int = 0, router: dict | None = None):
+               context: str = "as_generated", is_weight: str = "capped", n: int = 0, router: dict | None = None,
+               rescue_advantage: str = "estimator"):
     def arm(_):
         c = _names_train_base(base_arm)
         if kind is not None:
@@ -432,6 +433,7 @@ def _names_arm(base_arm: str, *, kind: str | None = None, siblings=(), k: int = 
             c.router.update(router or {})
         c.loss.rescue_context = context
         c.loss.is_weight = is_weight
+        c.loss.rescue_advantage = rescue_advantage
         if n:
             c.rollout.n = n
         return c
@@ -459,6 +461,11 @@ NAMES_ARMS = {
     # are down-weighted, and the rule voter reading the profile cards beside the profiles.
     "names_harness_s_router": _names_arm("harness_s", router={"selection": "thompson", "validity": "replay",
                                                               "local_voters": ("rule",)}),
+    # Claim (b)'s distillation baseline (docs/results.md, "Two claims"): the positive control's
+    # rollouts, but its successful hinted rescues trained as SFT in the base context (weight 1, the
+    # failed ones dropped) instead of by their group's GRPO advantage.
+    "names_sft_hinted": _names_arm("train", kind="fixed", siblings=("tables_first",), k=1, m=4,
+                                   context="base", is_weight="one", rescue_advantage="sft"),
 }
 
 

@@ -70,7 +70,8 @@ def loss_config(config) -> LossConfig:
     return LossConfig(advantage=c.advantage, success_threshold=c.success_threshold, eps_low=c.eps_low,
                       eps_high=c.eps_high, aggregation=c.aggregation, beta=c.beta, is_cap=c.is_cap,
                       is_weight=c.is_weight, rescue_baseline=c.rescue_baseline,
-                      kl_estimator=c.kl_estimator, temperature=config.rollout.temperature)
+                      kl_estimator=c.kl_estimator, rescue_advantage=c.rescue_advantage,
+                      temperature=config.rollout.temperature)
 
 
 def evaluate(step, runner, bench, base, eval_sets, config, workdir):

@@ -50,6 +50,11 @@ def group_terms(batch: TrainBatch, loss_cfg: LossConfig) -> Dict[str, Any]:
         baseline_B = active_B | failed_base_B
     advantage_B = get_advantage(loss_cfg.advantage)(batch.reward_B, batch.group_B, baseline_B,
                                                     batch.num_groups)
+    if loss_cfg.rescue_advantage == "sft":
+        # SFT on the successful rescues of a rescued group, weight 1 each; the failed ones are not
+        # in an SFT data set, so they leave the loss and its token denominator too.
+        active_B = active_B & (~batch.is_rescue_B | success_B)
+        advantage_B = jnp.where(batch.is_rescue_B, 1.0, advantage_B)
     advantage_B = jnp.where(active_B, advantage_B, 0.0)
     predicted_BxT = target_mask(batch.loss_mask_BxT, batch.segment_ids_BxT)
     mask_BxT = predicted_BxT & active_B[:, None]

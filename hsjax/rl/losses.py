@@ -24,6 +24,7 @@ from hsjax.rl.logprob_gap import sampler_gap_terms
 AGGREGATIONS = ("token_mean", "sequence_mean")
 RESCUE_BASELINES = ("rescue", "with_base")
 IS_WEIGHTS = ("capped", "one")
+RESCUE_ADVANTAGES = ("estimator", "sft")
 # Per-token estimates of KL(pi || ref) from d = ref_logp - logp of a token sampled from pi
 # (Schulman's k1, k2, k3; LossConfig.kl_estimator).
 KL_ESTIMATORS = {
@@ -60,6 +61,12 @@ class LossConfig:
     is_weight:          `capped` (the truncated weight above) or `one`: w = 1, the re-contextualised
                         rows train as if the base harness had produced them (the floor of the
                         correction, as a positive control for transfer uses; docs/training.md)
+    rescue_advantage:   the advantage of a rescued group's rescue slots: `estimator` (the configured
+                        estimator over them, like any group) or `sft`: 1 for a successful rescue, and
+                        a failed one leaves the loss -- rejection-sampled SFT on the successful hinted rollouts
+                        (with `rescue_context='base'` and `is_weight='one'`, the gradient of their
+                        token-mean log-likelihood in the base context), the distillation baseline
+                        that base-context Harness-S arms are compared with (docs/results.md)
     """
 
     advantage: str = "grpo"
@@ -73,6 +80,7 @@ class LossConfig:
     is_weight: str = "capped"
     rescue_baseline: str = "rescue"
     kl_estimator: str = "k3"
+    rescue_advantage: str = "estimator"
 
     def __post_init__(self):
         get_advantage(self.advantage)  # Raises with the list of known estimators.
@@ -80,6 +88,8 @@ class LossConfig:
             raise ValueError(f"kl_estimator {self.kl_estimator!r} is not one of {tuple(KL_ESTIMATORS)}")
         if self.rescue_baseline not in RESCUE_BASELINES:
             raise ValueError(f"rescue_baseline {self.rescue_baseline!r} is not one of {RESCUE_BASELINES}")
+        if self.rescue_advantage not in RESCUE_ADVANTAGES:
+            raise ValueError(f"rescue_advantage {self.rescue_advantage!r} is not one of {RESCUE_ADVANTAGES}")
         if self.is_weight not in IS_WEIGHTS:
             raise ValueError(f"is_weight {self.is_weight!r} is not one of {IS_WEIGHTS}")
         if self.aggregation not in AGGREGATIONS:

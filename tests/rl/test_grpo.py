@@ -305,7 +305,7 @@ def test_aggregation_of_empty_mask_is_zero_over_zero():
 
 def test_loss_config_rejects_bad_options():
     for bad in (dict(aggregation="mean"), dict(advantage="x"), dict(eps_low=1.5),
-                dict(temperature=0.0)):
+                dict(temperature=0.0), dict(rescue_advantage="bc")):
         with pytest.raises(ValueError):
             LossConfig(**bad)
 
@@ -342,3 +342,22 @@ def test_rescue_baseline_with_base_credits_an_all_success_rescue(estimator):
     reward5 = np.array([0, 0, 0, 1, 1], np.float32)
     ref = np_advantage(estimator, reward5, np.zeros(5, np.int32), np.ones(5, bool), 1)
     np.testing.assert_allclose(adv[3:5], ref[3:5], rtol=1e-5)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_sft_rescue_advantage_trains_only_successful_rescues_with_weight_one(estimator):
+    from hsjax.rl.grpo import group_terms
+    from hsjax.rl.losses import LossConfig
+
+    # Group 0: base all failed, rescue [success, failure]. Group 1: a mixed base group (its rescue
+    # masked). Group 2: base and rescue all failed.
+    batch = _terms_batch(*_case([[0, 0, 0], [1, 0, 0], [0, 0, 0]], [[1, 0], [1, 1], [0, 0]]))
+    plain = group_terms(batch, LossConfig(advantage=estimator))
+    sft = group_terms(batch, LossConfig(advantage=estimator, rescue_advantage="sft"))
+    adv, active = np.asarray(sft["advantage_B"]), np.asarray(sft["active_B"])
+    assert adv[:5].tolist() == [0, 0, 0, 1, 0]
+    assert active[:5].tolist() == [False, False, False, True, False]  # the failed rescue leaves
+    assert float(np.asarray(sft["mask_BxT"])[4].sum()) == 0  # ... and the token denominator
+    np.testing.assert_allclose(adv[5:10], np.asarray(plain["advantage_B"])[5:10])  # base groups as before
+    assert not active[10:].any()
+    assert float(np.asarray(plain["advantage_B"])[4]) < 0  # the estimator would push the failure down

@@ -272,6 +272,23 @@ def test_rescue_context_base_scales_by_truncated_importance_weight():
     assert float(metrics_clipped["pg_clipfrac"]) == pytest.approx(mask[positive].sum() / mask.sum())
 
 
+def test_sft_rescue_advantage_is_the_token_mean_nll_of_successful_rescues_in_base_context():
+    # Base slots all fail; rescue [success, failure], re-rendered into the base context.
+    batch = on_policy(make_batch([([0, 0], [1, 0])], seed=9, rescue_context="base"), params0())
+    grads, metrics = grads_fn(LossConfig(is_weight="one", rescue_advantage="sft"))(params0(), batch)
+    mask = np.asarray(target_mask(batch.loss_mask_BxT, batch.segment_ids_BxT)) & (np.arange(4) == 2)[:, None]
+
+    def nll(params):  # SFT on row 2 alone: the mean negative log-likelihood of its policy tokens
+        logits, _ = forward(CFG, params, batch.tokens_BxT, batch.positions_BxT,
+                            segment_ids_BxT=batch.segment_ids_BxT)
+        return -jnp.sum(jnp.where(mask, token_logp(logits, batch.tokens_BxT)[0], 0.0)) / mask.sum()
+
+    want = jax.grad(nll)(params0())
+    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(want))
+    assert_trees_close(grads, want, rtol=1e-4, atol=1e-5 * scale)
+    assert float(metrics["tokens/trained"]) == mask.sum()
+
+
 def test_train_step_under_a_mesh_matches_unsharded():
     optimizer = make_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=10)
     batch = on_policy(make_batch(PATTERNS[1], seed=11), params0())

@@ -150,6 +150,10 @@ def test_every_names_arm_builds_and_the_controls_differ_only_where_they_should()
     assert arms["names_tables_first_base"].loss.rescue_context == "base"
     assert arms["names_tables_first_base"].loss.is_weight == "one"
     assert arms["names_tables_first_base_is"].loss.is_weight == "capped"
+    # The SFT baseline is the positive control with only the rescue advantage changed.
+    sft, control = arms["names_sft_hinted"].to_dict(), arms["names_tables_first_base"].to_dict()
+    assert sft["loss"].pop("rescue_advantage") == "sft" and control["loss"].pop("rescue_advantage") == "estimator"
+    assert sft == control
     assert tuple(arms["names_base_reroll"].rescue.siblings) == ("base_copy",)
     assert tuple(arms["names_schema_reminder"].rescue.siblings) == ("schema_reminder",)
     assert arms["names_policy_only_n6"].rollout.n == 6
