@@ -8,8 +8,9 @@ Each run writes `ROOT/<arm>/seed<k>/` (its log beside it as `run.log`) and, when
 checkpoint (resume is exact, docs/training.md). `warmstart` and `names_warmstart` score the warm
 start once, so they run for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`).
 `ROOT/sweep.jsonl` records each finished run's command, exit code and wall time.
-A finished `names_*` training run's mechanism curve and behaviour are measured right after it
-(`studies.testbed.mechanism`, `names_behaviour`: seconds); `--archive DIR` then copies the files the reports
+A finished `names_*` training run's mechanism curve, behaviour and success at fixed rollout budgets
+are measured right after it (`studies.testbed.mechanism`, `names_behaviour`: seconds;
+`budget_curve`: one evaluation a budget, minutes); `--archive DIR` then copies the files the reports
 read into `DIR/<arm>/seed<k>/` (`runs.archive_run`: no checkpoints, tens of kB), e.g. into
 docs/runs/ to commit them.
 The report: `python -m studies.testbed.report --root ROOT --out DIR` (docs/results.md).
@@ -40,11 +41,13 @@ def run_command(arm: str, seed: int, warm: str, workdir: pathlib.Path, overrides
 
 
 def analysis_commands(arm: str, workdir: pathlib.Path) -> list[list[str]]:
-    """What a finished `names_*` run is measured by after training: its mechanism curve (trained arms
-    only: the curve is over checkpoints) and its behaviour at the last evaluation."""
+    """What a finished `names_*` run is measured by after training: its mechanism curve and its
+    success at fixed rollout budgets (trained arms only: both read checkpoints) and its behaviour at
+    the last evaluation."""
     if not arm.startswith("names_"):
         return []
-    modules = (["mechanism"] if arm != "names_warmstart" else []) + ["names_behaviour"]
+    trained = arm != "names_warmstart"  # the warm start's arm keeps no checkpoints
+    modules = (["mechanism", "budget_curve"] if trained else []) + ["names_behaviour"]
     return [[sys.executable, "-m", f"studies.testbed.{m}", f"--run={workdir}"] for m in modules]
 
 

@@ -102,7 +102,7 @@ def load_run(workdir) -> Run:
 # What the reports read of a run (studies.testbed.names_report, mechanism curves, behaviour
 # summaries, the router's decisions and profiles): a few tens of kB a run, small enough to keep in the repository.
 ARCHIVED = ("config.json", "metrics.jsonl", "DONE", "mechanism_logp.json", "names_behaviour.json",
-            "router_decisions.jsonl", "profiles.json")
+            "router_decisions.jsonl", "profiles.json", "budget_curve.json")
 
 
 def archive_run(workdir, dest) -> list[pathlib.Path]:

@@ -15,7 +15,7 @@ from hsjax import builders
 from hsjax.infra import experiments
 from hsjax.models.model import forward
 from hsjax.modes import train
-from studies.testbed import gates, mechanism, warmstart
+from studies.testbed import budget_curve, gates, mechanism, warmstart
 
 from tests.experiments.config_reads import covered, never_read
 
@@ -189,13 +189,29 @@ def test_reply_logp_is_each_rows_own_teacher_forced_sum(warm_start):
         assert value == pytest.approx(want, abs=1e-4)
 
 
-def test_mechanism_curve_scores_the_warm_start_and_every_checkpoint(warm_start, tmp_path, capsys):
+def test_mechanism_and_budget_curves_score_the_warm_start_and_every_checkpoint(warm_start, tmp_path, capsys):
     config = experiments.get_config("testbed", "names_policy_only,smoke")
     config.model.hf_dir = str(warm_start)
     config.total_steps = 2
     config.checkpoint.every = 1
     config.eval.limit = 12
+    config.eval.every = 2
     train.main(config, str(tmp_path))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    r1, r2 = (int(r["rollouts/total"]) for r in rows)
+    # Budgets between the steps' counts read the last step within each; below step 1, the start.
+    curve = budget_curve.measure(str(tmp_path), budgets=(r1 - 1, r1, r2 - 1, r2 + 5))
+    assert curve["steps"] == [0, 1, 1, 2] and curve["short"] and curve["rollouts"][3] == r2
+    key = f"eval/{config.eval.split}/base/success"
+    # At the step the loop evaluated, the same episodes: the loop's evaluation seed, the same params.
+    loop = json.loads((tmp_path / "eval" / f"{config.eval.split}_step000002.json").read_text())
+    read = json.loads((tmp_path / "budget_eval" / "eval" / f"{config.eval.split}_step000002.json").read_text())
+    assert [e["replies"] for e in read["episodes"]] == [e["replies"] for e in loop["episodes"]]
+    assert curve["metrics"][3][key] == rows[-1][key]
+    values = [curve["start"][key]] + [m[key] for m in curve["metrics"]]
+    points = [0, r1 - 1, r1, r2 - 1, r2 + 5]
+    assert curve["auc"][key] == pytest.approx(budget_curve.trapezoid_mean(points, values))
+    assert budget_curve.trapezoid_mean([0, 2, 4], [0.0, 1.0, 1.0]) == pytest.approx(0.75)
     out = mechanism.main(["--run", str(tmp_path), "--prompts", "3", "--batch-size", "2"])
     assert out == json.loads((tmp_path / mechanism.OUTPUT).read_text())
     assert out["steps"] == [0, 1, 2] and len(out["rollouts"]) == 3 and out["rollouts"][0] == 0

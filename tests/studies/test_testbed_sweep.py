@@ -42,9 +42,11 @@ def test_an_archived_run_reads_back_as_the_run_without_its_bulk(tmp_path):
     (work / "config.json").write_text('{"seed": 1, "rollout": {"n": 4}}')
     (work / "metrics.jsonl").write_text('{"step": 1, "rollouts/total": 32}\n{"step": 2, "rollouts/total": 64}\n')
     (work / "mechanism_logp.json").write_text('{"steps": [0, 2]}')
+    (work / "budget_curve.json").write_text('{"budgets": [160]}')
     dest = tmp_path / "archive" / "names_policy_only" / "seed1"
     copied = runs.archive_run(work, dest)
-    assert sorted(p.name for p in copied) == ["config.json", "mechanism_logp.json", "metrics.jsonl"]
+    assert sorted(p.name for p in copied) == ["budget_curve.json", "config.json", "mechanism_logp.json",
+                                              "metrics.jsonl"]
     assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in copied)
     [run] = runs.load_sweep(tmp_path / "archive")
     original = runs.load_run(work)
@@ -55,6 +57,6 @@ def test_an_archived_run_reads_back_as_the_run_without_its_bulk(tmp_path):
 
 def test_names_runs_are_measured_after_training(tmp_path):
     modules = lambda arm: [cmd[2].rsplit(".", 1)[1] for cmd in sweep.analysis_commands(arm, tmp_path)]
-    assert modules("names_harness_s") == ["mechanism", "names_behaviour"]
-    assert modules("names_warmstart") == ["names_behaviour"]  # no checkpoints: no mechanism curve
+    assert modules("names_harness_s") == ["mechanism", "budget_curve", "names_behaviour"]
+    assert modules("names_warmstart") == ["names_behaviour"]  # no checkpoints: no curves
     assert modules("policy_only") == []  # the first regime has its own report
