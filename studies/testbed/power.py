@@ -17,9 +17,9 @@ The rules:
              distribution; at 3 seeds per arm its smallest p is 1/20 = alpha, reached only ordered)
   fisher     one-sided Fisher exact on the share of seeds that learn (> 50%), p <= alpha
   permutation    one-sided permutation test on the difference of means (1,000 random relabellings)
-  works      the pre-registered rule of docs/results.md ("Testbed v4: pre-registration"):
-             mann_whitney and the bootstrap 95% interval of the mean difference above 0 and its
-             point estimate >= 10 points
+  works      the pre-registered rule of docs/results.md ("Testbed v4: pre-registration"),
+             `studies.testbed.rules`: mann_whitney, the mean difference >= 10 points and its
+             bootstrap 95% interval above 0
 """
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ import argparse
 import dataclasses
 import functools
 import json
-import math
 from typing import Callable, Dict, Sequence
 
 import numpy as np
 from scipy import stats
 
-ALPHA = 0.05
-MIN_EFFECT = 10.0  # points of held-out hidden success the rules ask for
+from studies.testbed import rules
+
+ALPHA, MIN_EFFECT = rules.ALPHA, rules.MIN_EFFECT
 LEARNT_AT = 50.0  # a run "learnt" the behaviour when its success is above this
 NOT_LEARNT = (0.5, 0.8)  # mean, sd of a run that did not learn (v3: 0.0-1.7%)
 
@@ -67,35 +67,6 @@ SCENARIOS: Dict[str, tuple[Arm, Arm]] = {
 
 
 @functools.lru_cache(maxsize=None)
-def _mann_whitney_null(n1: int, n2: int) -> np.ndarray:
-    """P(U >= u) for u = 0..n1*n2 under the null (no ties), by the counting recursion."""
-    # counts[i][j][u]: arrangements of i treatment and j comparator values with statistic u.
-    counts = [[None] * (n2 + 1) for _ in range(n1 + 1)]
-    for i in range(n1 + 1):
-        for j in range(n2 + 1):
-            if i == 0 or j == 0:
-                counts[i][j] = np.zeros(i * j + 1, dtype=np.float64)
-                counts[i][j][0] = 1.0
-                continue
-            # The largest of the i + j values is a treatment one (adds j to U) or a comparator one.
-            c = np.zeros(i * j + 1)
-            c[j:] += counts[i - 1][j]
-            c[: (i * (j - 1)) + 1] += counts[i][j - 1]
-            counts[i][j] = c
-    dist = counts[n1][n2] / math.comb(n1 + n2, n1)
-    return np.cumsum(dist[::-1])[::-1]
-
-
-def mann_whitney_p(treatment: np.ndarray, comparator: np.ndarray) -> np.ndarray:
-    """One-sided exact p of U (treatment > comparator), row-wise over [sims, n] arrays; ties count
-    one half and the null is the no-ties one (ties are rare in these continuous draws)."""
-    u = ((treatment[:, :, None] > comparator[:, None, :]).sum((1, 2))
-         + 0.5 * (treatment[:, :, None] == comparator[:, None, :]).sum((1, 2)))
-    tail = _mann_whitney_null(treatment.shape[1], comparator.shape[1])
-    return tail[np.ceil(u).astype(int)]
-
-
-@functools.lru_cache(maxsize=None)
 def _fisher_p(k_treatment: int, k_comparator: int, n1: int, n2: int) -> float:
     table = [[k_treatment, n1 - k_treatment], [k_comparator, n2 - k_comparator]]
     return float(stats.fisher_exact(table, alternative="greater")[1])
@@ -119,26 +90,16 @@ def permutation_p(treatment: np.ndarray, comparator: np.ndarray, rng: np.random.
     return (1 + (diffs >= observed[None] - 1e-9).sum(0)) / (permutations + 1)
 
 
-def bootstrap_low(treatment: np.ndarray, comparator: np.ndarray, rng: np.random.Generator,
-                  resamples: int = 1000, level: float = 0.95) -> np.ndarray:
-    """Lower end of the percentile bootstrap interval of the mean difference, seeds resampled per arm."""
-    sims, n1 = treatment.shape
-    n2 = comparator.shape[1]
-    t = np.take_along_axis(treatment[None], rng.integers(0, n1, (resamples, sims, n1)), -1).mean(-1)
-    c = np.take_along_axis(comparator[None], rng.integers(0, n2, (resamples, sims, n2)), -1).mean(-1)
-    return np.quantile(t - c, (1 - level) / 2, axis=0)
-
-
 def decisions(treatment: np.ndarray, comparator: np.ndarray, rng: np.random.Generator) -> Dict[str, np.ndarray]:
     """Each rule's verdict ("works": True) for every simulated experiment (rows)."""
     diff = treatment.mean(1) - comparator.mean(1)
-    mw = mann_whitney_p(treatment, comparator) <= ALPHA
     return {
         "ordered": (diff >= MIN_EFFECT) & (treatment.min(1) > comparator.max(1)),
-        "mann_whitney": mw,
+        "mann_whitney": rules.mann_whitney_p(treatment, comparator) <= ALPHA,
         "fisher": fisher_p(treatment, comparator) <= ALPHA,
         "permutation": permutation_p(treatment, comparator, rng) <= ALPHA,
-        "works": mw & (diff >= MIN_EFFECT) & (bootstrap_low(treatment, comparator, rng) > 0),
+        # 1,000 resamples a simulated experiment (10,000 when the rule decides real runs).
+        "works": rules.outcomes(treatment, comparator, rng, resamples=1000) == "works",
     }
 
 

@@ -3,14 +3,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from studies.testbed import power
+from studies.testbed import power, rules
 
 
 @pytest.mark.parametrize("n1,n2", [(3, 3), (3, 5), (6, 4)])
 def test_mann_whitney_p_is_scipys_exact_one_sided_p(n1, n2):
     rng = np.random.default_rng(n1 * 10 + n2)
     t, c = rng.normal(0.5, 1, (40, n1)), rng.normal(0, 1, (40, n2))
-    ours = power.mann_whitney_p(t, c)
+    ours = rules.mann_whitney_p(t, c)
     want = [stats.mannwhitneyu(a, b, alternative="greater", method="exact").pvalue for a, b in zip(t, c)]
     np.testing.assert_allclose(ours, want, rtol=1e-9)
 
@@ -38,3 +38,50 @@ def test_main_prints_the_table_with_its_command(tmp_path):
     assert lines[0].startswith("python -m studies.testbed.power")
     assert "| v3-like: 1.0 vs 1/3 | 3 |" in lines[1]
     assert set(out) == set(power.SCENARIOS) and (tmp_path / "p.json").exists()
+
+
+def test_the_rule_decides_works_does_not_work_and_inconclusive():
+    learnt = [84.0, 86.5, 88.0, 81.0, 90.0, 85.5, 83.0, 87.0]
+    none = [0.0, 0.3, 1.0, 0.7, 0.0, 1.3, 0.3, 0.0]
+    works = rules.decide(learnt, none)
+    assert works["outcome"] == "works" and works["cles"] == 1.0
+    assert works["p"] == pytest.approx(1 / 12870)  # every ordering of 8 and 8: C(16, 8)
+    assert works["interval"][0] > 80
+    same = rules.decide(learnt, [v + 0.5 for v in learnt])
+    assert same["outcome"] == "does_not_work" and same["interval"][1] < 10
+    # A lottery comparator (2 of 5 seeds learnt): neither a 10-point effect nor its absence is shown.
+    lottery = rules.decide(learnt[:5], [85.0, 0.0, 88.0, 0.5, 0.0])
+    assert lottery["outcome"] == "inconclusive", lottery
+    claim = rules.decide_claim(learnt, {"policy_only": none, "sft": [v + 0.5 for v in learnt]})
+    assert claim["outcome"] == "does_not_work"
+    assert rules.decide_claim(learnt, {"policy_only": none})["outcome"] == "works"
+
+
+def test_the_rule_reads_a_sweep_and_decides_each_claim(tmp_path):
+    import json
+
+    def run(arm, seed, final, budget=None):
+        work = tmp_path / arm / f"seed{seed}"
+        work.mkdir(parents=True)
+        (work / "config.json").write_text(json.dumps({"seed": seed, "eval": {"split": "distinct_heldout"}}))
+        key = "eval/distinct_heldout/base/hidden/success"
+        (work / "metrics.jsonl").write_text(json.dumps({"step": 20, "rollouts/total": 700, key: final}) + "\n")
+        if budget is not None:
+            (work / "budget_curve.json").write_text(json.dumps({"budgets": [320, 640],
+                                                                "metrics": [{key: 0.0}, {key: budget}]}))
+
+    for seed in range(6):
+        run("names_harness_s_base", seed, 0.85 + seed / 100, budget=0.8)
+        run("names_policy_only", seed, seed / 1000, budget=0.0)
+        run("names_schema_reminder", seed, 0.0)
+    values = rules.per_seed_values(tmp_path)
+    assert values["names_harness_s_base"][2] == pytest.approx(87.0)
+    assert rules.per_seed_values(tmp_path, "S640")["names_harness_s_base"] == {s: 80.0 for s in range(6)}
+    lines = []
+    out = rules.main(["--root", str(tmp_path)], lines.append)
+    assert out["(b) base-context distillation"]["comparators"]["names_policy_only"]["outcome"] == "works"
+    assert out["(b) base-context distillation"]["outcome"] == "incomplete"
+    # Its other comparators did not run: the claim stays undecided by them, and the table says so.
+    assert any("not run: names_sft_hinted" in line for line in lines)
+    assert out["negative control"]["outcome"] == "does_not_work"
+    assert any("names_harness_s_router | – |" in line and "not run" in line for line in lines)
