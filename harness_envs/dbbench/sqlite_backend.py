@@ -98,16 +98,17 @@ class SQLiteEpisodeDB(EpisodeDB):
         for schema in ("main", "temp"):  # set before the authorizer, which denies the agent PRAGMA writes
             conn.execute(f"PRAGMA {schema}.max_page_count = {max_pages}")
         mysql_functions.install(conn, self.database)
-        table = task.table
-        columns = ", ".join(f"{_quote(c)} TEXT COLLATE {mysql_functions.COLLATION}" for c in table.columns)
-        try:
-            conn.execute(f"CREATE TABLE {_quote(table.name)} ({columns})")
-            if table.rows:
-                marks = ", ".join("?" * len(table.columns))
-                conn.executemany(f"INSERT INTO {_quote(table.name)} VALUES ({marks})", table.rows)
-        except sqlite3.Error as e:
-            self.close()
-            raise TableLoadError(f"{task.task_id}: table {table.name!r} cannot be created: {e}") from e
+        # A task may bring other tables (the testbed's v4 regime); DBBench tasks hold one.
+        for table in (task.table, *getattr(task, "extra_tables", ())):
+            columns = ", ".join(f"{_quote(c)} TEXT COLLATE {mysql_functions.COLLATION}" for c in table.columns)
+            try:
+                conn.execute(f"CREATE TABLE {_quote(table.name)} ({columns})")
+                if table.rows:
+                    marks = ", ".join("?" * len(table.columns))
+                    conn.executemany(f"INSERT INTO {_quote(table.name)} VALUES ({marks})", table.rows)
+            except sqlite3.Error as e:
+                self.close()
+                raise TableLoadError(f"{task.task_id}: table {table.name!r} cannot be created: {e}") from e
         conn.set_authorizer(_authorize)
         conn.set_progress_handler(self._over_budget, _PROGRESS_EVERY)
 

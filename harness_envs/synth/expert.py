@@ -21,7 +21,9 @@ the expert acts (docs/testbed.md, "The warm-start regime"):
                       the base harness move for move: only the observation of the error differs.
 The names regime (harness_envs/synth/names.py) adds two styles that act differently only when the
 task hides its table name:
-    show_tables       runs `SHOW TABLES` first, then the gold statement (valid under every harness)
+    show_tables       runs `SHOW TABLES` first, then the gold statement (valid under every harness);
+                      with several tables (testbed v4) it runs `DESCRIBE` on each listed table in
+                      turn until the headers are the task's, then the gold statement
     guess_table       runs the gold statement on a guessed table `data`; after the bare error it gives
                       up, after an error that names the table (`schema_reminder`) it solves the task
 """
@@ -47,6 +49,7 @@ RESCUER = {"protocol": "base", "format_slip": "lenient_parse", "premature_answer
 # Styles that give up after a bare error: their episode fails under any harness but the rescuer.
 GIVES_UP_WITHOUT_REMINDER = ("schema_recovery", "guess_table")
 GUESSED_TABLE = "data"
+DESCRIBE_CELLS = 6  # a DESCRIBE row: Field, Type, Null, Key, Default, Extra
 MODIFICATION_ANSWER = ["done"]
 
 
@@ -116,7 +119,14 @@ def expert_plan(task: DBTask, style: str = "protocol", slip_variant: str = "uppe
     if style == "premature_answer":
         yield fmt.answer(MODIFICATION_ANSWER if modification else wrong_items(task))
     if acts_on_hidden_name(style, task) and style == "show_tables":
-        yield fmt.operation("SHOW TABLES")  # the observation lists the table; the gold SQL names it
+        obs = yield fmt.operation("SHOW TABLES")  # the observation lists the table; the gold SQL names it
+        if getattr(task, "extra_tables", ()):
+            # Several tables (testbed v4): read the headers of each listed one until they are the
+            # ones the description gives.
+            for name in observed_items(obs) or sorted(t.name for t in (task.table, *task.extra_tables)):
+                obs = yield fmt.operation(f"DESCRIBE {name}")
+                if (observed_items(obs) or [])[::DESCRIBE_CELLS] == list(task.table.columns):
+                    break
     if acts_on_hidden_name(style, task) and style == "guess_table":
         obs = yield fmt.operation(guessed_sql(task))
         while SCHEMA_REMINDER_LEAD not in obs:

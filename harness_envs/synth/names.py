@@ -54,6 +54,17 @@ from harness_envs.synth.tasks import GenerationError, SynthTask, generated, labe
 NAMES_TYPES = ("other", "counting", "ranking", "aggregation-SUM", "aggregation-MIN", "aggregation-MAX")
 DATABASE = "main"
 HIDDEN_DESCRIPTION = "The name of this table is not given; its headers are {headers}."
+# Testbed v4: the sentence that withholds the name, in wordings disjoint between training and
+# held-out tasks (the first training one is v2/v3's), so a held-out success shows that the lookup
+# answers what the sentence means, not its words.
+TRIGGERS = {
+    "train": (HIDDEN_DESCRIPTION,
+              "This table's name is withheld; its headers are {headers}.",
+              "No name is given for this table; its headers are {headers}."),
+    "heldout": ("The table is unnamed here; its headers are {headers}.",
+                "You are not told what this table is called; its headers are {headers}.",
+                "Nobody says which table this is; its headers are {headers}."),
+}
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -99,6 +110,8 @@ class NamesSplit:
     phrasing: str
     coined: bool = False
     distinct_syllables: bool = False  # coined names of one task share no syllable
+    trigger: str = ""  # v4: TRIGGERS' wordings of this kind; empty: HIDDEN_DESCRIPTION alone
+    tables: tuple[int, int] = (1, 1)  # v4: tables in the episode database (the task's + distractors)
 
 
 NAMES_SPLITS = {"names_train": NamesSplit("train", "names_train"),
@@ -109,10 +122,14 @@ NAMES_SPLITS = {"names_train": NamesSplit("train", "names_train"),
                 "distinct_heldout": NamesSplit("heldout", "names_heldout", coined=True, distinct_syllables=True),
                 "varied_train": NamesSplit("train", "names_train_varied", coined=True, distinct_syllables=True),
                 "shared_leads_train": NamesSplit("train", "names_train_shared_leads", coined=True,
-                                                 distinct_syllables=True)}
+                                                 distinct_syllables=True),
+                "v4_train": NamesSplit("train", "names_train_shared_leads", coined=True, distinct_syllables=True,
+                                       trigger="train", tables=(2, 3)),
+                "v4_heldout": NamesSplit("heldout", "names_heldout", coined=True, distinct_syllables=True,
+                                         trigger="heldout", tables=(2, 3))}
 DEFAULT_SIZES = {"names_train": 3000, "names_heldout": 600, "coined_train": 3000, "coined_heldout": 600,
                  "distinct_train": 3000, "distinct_heldout": 600, "varied_train": 3000,
-                 "shared_leads_train": 3000}
+                 "shared_leads_train": 3000, "v4_train": 3000, "v4_heldout": 600}
 SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
 HELDOUT_MODULUS = 5
 # Coinable words that are SQL words or the expert's guessed table.
@@ -197,9 +214,29 @@ def opens_with_show_tables(replies) -> bool:
     return bool(replies) and bool(_SHOW_TABLES.search(replies[0]))
 
 
-def describe(table: Table, hidden: bool) -> str:
-    """DBBench's table description line, or the one that withholds the table name."""
-    return HIDDEN_DESCRIPTION.format(headers=",".join(table.columns)) if hidden else description(table)
+def describe(table: Table, hidden: bool, wording: str = HIDDEN_DESCRIPTION) -> str:
+    """DBBench's table description line, or the one (`wording`) that withholds the table name."""
+    return wording.format(headers=",".join(table.columns)) if hidden else description(table)
+
+
+def distractor_tables(spec: NamesSplit, rng: random.Random, table: Table, taken: set[str]) -> tuple[Table, ...]:
+    """v4: the other tables of a task's database, each with its own coined name, headers and rows;
+    none is named like a word of the task (`taken`) or shares the task table's headers."""
+    out = []
+    for _ in range(rng.randint(*spec.tables) - 1):
+        for _ in range(_MAX_ATTEMPTS):
+            other, _ = make_table(random_domain(coined_words(spec.words, rng, spec.distinct_syllables), rng), rng)
+            if other.name not in taken and not set(other.columns) & set(table.columns):
+                taken.add(other.name)
+                out.append(other)
+                break
+        else:
+            raise GenerationError(f"no distractor table for {table.name} in {_MAX_ATTEMPTS} draws")
+    return tuple(out)
+
+
+def task_words(table: Table) -> set[str]:
+    return {table.name, *table.columns, *(cell for row in table.rows for cell in row)}
 
 
 def make_task(split: str, seed: int, index: int, backend: SQLiteBackend | None = None) -> SynthTask:
@@ -218,11 +255,14 @@ def make_task(split: str, seed: int, index: int, backend: SQLiteBackend | None =
     else:
         raise GenerationError(f"{split} seed {seed} task {index}: no {task_type} question in {_MAX_ATTEMPTS} tables")
     hidden = is_hidden(index)
+    # v4 draws its wording and distractors after the table, so v2/v3 splits draw what they drew.
+    wording = rng.choice(TRIGGERS[spec.trigger]) if spec.trigger else HIDDEN_DESCRIPTION
+    extra = distractor_tables(spec, rng, table, task_words(table)) if spec.tables[1] > 1 else ()
     task = SynthTask(
         task_id=f"{split}-s{seed}-{index:05d}", split=split, index=index, type=task_type,
-        question=question.text, add_description=describe(table, hidden), table=table, label=(),
+        question=question.text, add_description=describe(table, hidden, wording), table=table, label=(),
         answer_md5=None, source=f"synth:names:{question.template}", gold_sql=question.sql,
-        domain="names", template=question.template, hidden=hidden, database=DATABASE)
+        domain="names", template=question.template, hidden=hidden, database=DATABASE, extra_tables=extra)
     return label_task(task, backend or SQLiteBackend())
 
 

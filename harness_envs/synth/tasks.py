@@ -47,6 +47,8 @@ class SynthTask(DBTask):
     template: str = ""
     hidden: bool = False  # the description withholds the table name (the names regime)
     database: str = ""  # the episode database's name; empty: the table's (as DBBench)
+    # Other tables in the episode database (testbed v4): SHOW TABLES lists them beside `table`.
+    extra_tables: tuple = ()
 
 
 class GenerationError(RuntimeError):

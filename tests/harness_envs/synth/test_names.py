@@ -212,3 +212,61 @@ def test_slice_metrics_split_hidden_and_visible(bench, pool, train):
     records = [episode_record(t) for t in run_expert(bench, pool, tasks, "show_tables", "base")]
     assert bench.slice_metrics(records)["hidden/opens_show_tables"] == 1.0
     assert bench.slice_metrics(records)["visible/opens_show_tables"] == 0.0
+
+
+# Testbed v4 (docs/results.md, "Testbed v4: pre-registration"): held-out trigger wording and
+# several tables a database.
+@pytest.fixture(scope="module")
+def v4():
+    return {split: names.make_tasks(split, 120, seed=0) for split in ("v4_train", "v4_heldout")}
+
+
+def test_v4_splits_withhold_names_in_disjoint_wordings_and_add_distractor_tables(v4, bench):
+    used = {}
+    for split, kind in (("v4_train", "train"), ("v4_heldout", "heldout")):
+        wordings = {w.split(";")[0] for w in names.TRIGGERS[kind]}
+        seen = {t.add_description.split(";")[0] for t in v4[split] if t.hidden}
+        assert seen == wordings, split  # every wording of its kind, and only those
+        used[kind] = seen
+        for task in v4[split]:
+            assert 1 <= len(task.extra_tables) <= 2
+            others = {t.name for t in task.extra_tables}
+            assert task.table.name not in others and len(others) == len(task.extra_tables)
+            assert not any(set(t.columns) & set(task.table.columns) for t in task.extra_tables)
+            shown = "\n".join(m["content"] for m in bench.initial_messages(task, bench.knobs.base()))
+            assert not any(re.search(rf"\b{name}\b", shown) for name in others)  # only SHOW TABLES lists them
+    assert not used["train"] & used["heldout"]
+    assert sum(len(t.extra_tables) == 2 for t in v4["v4_train"]) > 20  # 2 and 3 tables both occur
+    # The v2/v3 splits draw exactly what they drew: one table, the one wording.
+    old = names.make_tasks("distinct_heldout", 12, seed=2)
+    assert all(t.extra_tables == () for t in old)
+    assert {t.add_description.split(";")[0] for t in old if t.hidden} == {names.HIDDEN_DESCRIPTION.split(";")[0]}
+
+
+def test_v4_databases_list_every_table_and_the_gold_answer_ignores_the_distractors(v4):
+    task = next(t for t in v4["v4_heldout"] if t.hidden and len(t.extra_tables) == 2)
+    db = SQLiteBackend().open(task)
+    try:
+        listed = db.execute("SHOW TABLES")
+        assert sorted(r[0] for r in listed.rows) == sorted([task.table.name, *(t.name for t in task.extra_tables)])
+        assert [r[0] for r in db.execute(f"DESCRIBE {task.extra_tables[0].name}").rows] == list(
+            task.extra_tables[0].columns)
+    finally:
+        db.close()
+    one_table = dataclasses.replace(task, extra_tables=())
+    assert names.label_task(one_table, SQLiteBackend()).label == task.label
+
+
+@pytest.mark.parametrize("harness", ["base", "tables_first"])
+def test_v4_show_tables_reads_headers_until_it_finds_the_table_and_solves(bench, pool, v4, harness):
+    hidden = [t for t in v4["v4_heldout"] if t.hidden][:24]
+    trajs = run_expert(bench, pool, hidden, "show_tables", harness)
+    assert all(t.result["success"] for t in trajs), [t.result for t in trajs if not t.result["success"]][:1]
+    for task, traj in zip(hidden, trajs):
+        texts = [x["text"] for x in traj.turns]
+        assert names.opens_with_show_tables(texts)
+        described = [name for text in texts for name in re.findall(r"DESCRIBE (\w+)", text)]
+        listed = sorted([task.table.name, *(t.name for t in task.extra_tables)])
+        assert described == listed[:listed.index(task.table.name) + 1]  # in listed order, up to the table
+    guessed = run_expert(bench, pool, hidden, "guess_table", "base")
+    assert not any(t.result["success"] for t in guessed)
