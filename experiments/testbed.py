@@ -544,7 +544,55 @@ def gates_v3_config() -> ml_collections.ConfigDict:
     return c
 
 
-ARM_MODIFIERS = {"smoke": _arm_smoke, "gpu": _arm_gpu, "v3": _arm_v3}
+# Testbed v4 (docs/testbed.md, "Testbed v4's tasks"; pre-registered in docs/results.md): held-out
+# trigger wording and 2-3 tables a database. Its warm starts continue the v3 warm start by SFT on
+# v4's tasks at three planted base rates (`sft,names,v4 --config.regime.show_rate_base=R`); they are
+# not built yet, so the v4 arms and gates take the warm start from the command line (the sweep's
+# --warm, gates' --config.model.hf_dir).
+V4_TRAIN_SPLIT, V4_HELDOUT_SPLIT = "v4_train", "v4_heldout"
+
+
+def _v4_splits(c: ml_collections.ConfigDict) -> None:
+    c.data.train_split = V4_TRAIN_SPLIT
+    c.eval.split = V4_HELDOUT_SPLIT
+
+
+def _arm_v4(c: ml_collections.ConfigDict) -> None:
+    if c.benchmark.name != "synth_names":
+        raise ValueError("the v4 modifier applies to the names_* arms only")
+    _v4_splits(c)
+    # The endpoint is read at fixed rollout budgets from the checkpoints (studies.testbed.budget_curve):
+    # one a step (the sweep's --drop-checkpoints deletes them once measured).
+    c.checkpoint.every = 1
+
+
+def _sft_v4(c: ml_collections.ConfigDict) -> None:
+    if c.benchmark.name != "synth_names":
+        raise ValueError("the v4 variant applies after 'names' (sft,names,v4)")
+    _v4_splits(c)
+    # v3's recipe: its warm start continued for 300 steps at peak lr 2e-4 on 9,600 fresh tasks
+    # (min: `smoke` shrinks them in either order).
+    c.sft.init_from = NAMES_V3_WARMSTART
+    c.sft.steps = min(c.sft.steps, 300)
+    c.sft.num_tasks = min(c.sft.num_tasks, 9600)
+    c.data.num_train_tasks = min(c.data.num_train_tasks, 10200)
+    c.optim.learning_rate = 2e-4
+    c.optim.warmup_steps = min(c.optim.warmup_steps, 20)
+    c.regime.show_rate_base = 0.0  # r0; the dose-response warm starts plant 0.01 and 0.05
+    c.sft.max_len = 960  # SHOW TABLES + up to three DESCRIBEs: expert streams reach 929 tokens
+
+
+def gates_v4_config() -> ml_collections.ConfigDict:
+    """v4's gates: v3's on v4's splits; G3's bands as v3's (r0), overridden for r1 and r2."""
+    c = gates_v3_config()
+    c.model.hf_dir = ""  # no v4 warm start ships yet: --config.model.hf_dir=W_sft/hf
+    c.gates.heldout_split = V4_HELDOUT_SPLIT
+    c.gates.train_split = V4_TRAIN_SPLIT
+    return c
+
+
+VARIANTS["v4"] = _sft_v4  # after `names`: sft,names,v4
+ARM_MODIFIERS = {"smoke": _arm_smoke, "gpu": _arm_gpu, "v3": _arm_v3, "v4": _arm_v4}
 
 
 def names_rank1_config(smoke: bool = False) -> ml_collections.ConfigDict:
@@ -590,6 +638,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         return gates_config()
     if sorted(variants) == ["gates", "v3"]:
         return gates_v3_config()
+    if sorted(variants) == ["gates", "v4"]:
+        return gates_v4_config()
     if variants and variants[0] == "names_rank1":
         if set(variants[1:]) - {"smoke"}:
             raise ValueError(f"names_rank1 combines with 'smoke' only, got {variants[1:]}")

@@ -12,7 +12,8 @@ A finished `names_*` training run's mechanism curve, behaviour and success at fi
 are measured right after it (`studies.testbed.mechanism`, `names_behaviour`: seconds;
 `budget_curve`: one evaluation a budget, minutes); `--archive DIR` then copies the files the reports
 read into `DIR/<arm>/seed<k>/` (`runs.archive_run`: no checkpoints, tens of kB), e.g. into
-docs/runs/ to commit them.
+docs/runs/ to commit them; `--drop-checkpoints` then deletes the run's checkpoints (a v4 arm keeps
+one a step, 12 MB each, for its budget curve).
 The report: `python -m studies.testbed.report --root ROOT --out DIR` (docs/results.md).
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import fcntl
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -78,6 +80,8 @@ def main(argv=None) -> int:
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--archive", default="", help="copy each finished run's report files here")
+    parser.add_argument("--drop-checkpoints", action="store_true",
+                        help="delete a finished run's checkpoints once its analyses ran (and it is archived)")
     args = parser.parse_args(argv)
     if not (pathlib.Path(args.warm) / "config.json").exists():
         parser.error(f"--warm {args.warm} is not an HF directory (no config.json); build it with "
@@ -109,6 +113,8 @@ def main(argv=None) -> int:
                     rc = rc or subprocess.call(analysis, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
             if rc == 0 and args.archive:
                 archive_run(workdir, pathlib.Path(args.archive) / arm / f"seed{seed}")
+            if rc == 0 and args.drop_checkpoints:  # the curves are measured: 12 MB a step no longer needed
+                shutil.rmtree(workdir / "checkpoints", ignore_errors=True)
         with log_lock:
             with open(root / "sweep.jsonl", "a") as f:
                 f.write(json.dumps({"arm": arm, "seed": seed, "rc": rc, "wall_s": round(wall, 1),

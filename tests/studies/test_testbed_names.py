@@ -250,3 +250,30 @@ def test_sft_starts_from_the_copy_base_it_is_given(tmp_path):
     config.sft.copy_base_from = str(tmp_path / "missing")  # the copy_base mode's start, same checks
     with pytest.raises(UserError, match="sft.copy_base_from=.*not a model directory"):
         warmstart.build_model(config, tok, key="copy_base_from")
+
+
+def test_v4_sft_gates_and_arms_run_on_v4_tasks(warm_start, tmp_path):
+    """Testbed v4's configs (not yet its warm starts): SFT continues the v3 warm start on v4's
+    tasks, the gates and an arm read v4's splits; every key is read."""
+    assert experiments.get_config("testbed", "sft,names,smoke,v4").to_dict() == \
+        experiments.get_config("testbed", "sft,names,v4,smoke").to_dict()
+    sft = experiments.get_config("testbed", "sft,names,v4,smoke")
+    sft.sft.steps = 2
+    assert sft.sft.init_from == testbed.NAMES_V3_WARMSTART and sft.data.train_split == "v4_train"
+    unread = never_read(sft, lambda: warmstart.main(sft, str(tmp_path / "sft")))
+    assert covered(unread, warmstart.unread(sft)) == set()
+
+    gate = experiments.get_config("testbed", "gates,v4")
+    gate.model.hf_dir = str(warm_start)
+    gate.gates.tasks_per_cell, gate.gates.max_new_tokens = 3, 8
+    assert never_read(gate, lambda: gates.main(gate, str(tmp_path / "gates"))) == set()
+    cells = json.loads((tmp_path / "gates" / "gates.json").read_text())["episodes"]
+    assert {e["task_id"].split("-")[0] for e in cells} == {"v4_train", "v4_heldout"}
+
+    arm = experiments.get_config("testbed", "names_sft_hinted,v4,smoke")
+    arm.model.hf_dir = str(warm_start)
+    arm.total_steps, arm.eval.limit, arm.eval.every = 2, 12, 2
+    assert arm.checkpoint.every == 1
+    train.main(arm, str(tmp_path / "arm"))
+    final = json.loads((tmp_path / "arm" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "eval/v4_heldout/base/hidden/success" in final

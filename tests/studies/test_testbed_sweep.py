@@ -60,3 +60,24 @@ def test_names_runs_are_measured_after_training(tmp_path):
     assert modules("names_harness_s") == ["mechanism", "budget_curve", "names_behaviour"]
     assert modules("names_warmstart") == ["names_behaviour"]  # no checkpoints: no curves
     assert modules("policy_only") == []  # the first regime has its own report
+
+
+def test_a_finished_run_is_archived_and_its_checkpoints_dropped(tmp_path, monkeypatch):
+    import sys
+
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    (warm / "config.json").write_text("{}")
+
+    def fake_run(arm, seed, warm, workdir, overrides):  # a run that keeps a checkpoint and writes metrics
+        return [sys.executable, "-c", f"import pathlib; w = pathlib.Path({str(workdir)!r}); "
+                "(w / 'checkpoints' / '1').mkdir(parents=True); (w / 'metrics.jsonl').write_text('{}\\n')"]
+
+    monkeypatch.setattr(sweep, "run_command", fake_run)
+    monkeypatch.setattr(sweep, "analysis_commands", lambda arm, workdir: [])
+    root, archive = tmp_path / "root", tmp_path / "archive"
+    assert sweep.main(["--warm", str(warm), "--root", str(root), "--arms", "names_policy_only", "--seeds", "0",
+                       "--archive", str(archive), "--drop-checkpoints"]) == 0
+    run = root / "names_policy_only" / "seed0"
+    assert (run / "DONE").exists() and not (run / "checkpoints").exists()
+    assert (archive / "names_policy_only" / "seed0" / "metrics.jsonl").exists()
