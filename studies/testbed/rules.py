@@ -14,11 +14,15 @@ has not run and the others say works).
 """
 from __future__ import annotations
 
+import argparse
 import functools
+import json
 import math
 from typing import Dict, Mapping, Sequence
 
 import numpy as np
+
+from studies.testbed import names_report, runs
 
 ALPHA = 0.05
 MIN_EFFECT = 10.0
@@ -109,10 +113,6 @@ CLAIMS = {
 def per_seed_values(root, endpoint: str = "final") -> Dict[str, Dict[int, float]]:
     """{arm: {seed: held-out hidden success %}} of a sweep: at its last evaluation (`final`) or at a
     budget of its `budget_curve.json` (`S640`: the budget 640)."""
-    import json
-
-    from studies.testbed import names_report, runs
-
     out: Dict[str, Dict[int, float]] = {}
     for run in runs.load_sweep(root):
         primary = names_report.run_keys(run)[0]
@@ -130,8 +130,6 @@ def per_seed_values(root, endpoint: str = "final") -> Dict[str, Dict[int, float]
 
 
 def main(argv=None, print_fn=print) -> dict:
-    import argparse
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True, help="a sweep root (or its archive) of names_* arms")
     parser.add_argument("--endpoint", default="final", help="final (the last evaluation) or S<budget>")
