@@ -568,7 +568,7 @@ def _arm_v4(c: ml_collections.ConfigDict) -> None:
 
 def _sft_v4(c: ml_collections.ConfigDict) -> None:
     if c.benchmark.name != "synth_names":
-        raise ValueError("the v4 variant applies after 'names' (sft,names,v4)")
+        _names(c)  # v4 is a names regime: `v4` alone is `names,v4`
     _v4_splits(c)
     # v3's recipe: its warm start continued for 300 steps at peak lr 2e-4 on 9,600 fresh tasks
     # (min: `smoke` shrinks them in either order).
