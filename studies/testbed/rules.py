@@ -53,9 +53,14 @@ def mann_whitney_tail(n1: int, n2: int) -> np.ndarray:
 def mann_whitney_p(treatment: np.ndarray, comparator: np.ndarray) -> np.ndarray:
     """One-sided exact p of U (treatment > comparator), row-wise over [experiments, seeds] arrays.
     A tie counts one half; the null is the no-ties one (ties are rare in these values)."""
-    u = ((treatment[:, :, None] > comparator[:, None, :]).sum((1, 2))
-         + 0.5 * (treatment[:, :, None] == comparator[:, None, :]).sum((1, 2)))
+    u = u_statistic(treatment, comparator)
     return mann_whitney_tail(treatment.shape[1], comparator.shape[1])[np.ceil(u).astype(int)]
+
+
+def u_statistic(treatment: np.ndarray, comparator: np.ndarray) -> np.ndarray:
+    """Row-wise count of (treatment, comparator) pairs ordered treatment > comparator, a tie one half."""
+    return ((treatment[:, :, None] > comparator[:, None, :]).sum((1, 2))
+            + 0.5 * (treatment[:, :, None] == comparator[:, None, :]).sum((1, 2)))
 
 
 def bootstrap_interval(treatment: np.ndarray, comparator: np.ndarray, rng: np.random.Generator,
@@ -72,22 +77,23 @@ def bootstrap_interval(treatment: np.ndarray, comparator: np.ndarray, rng: np.ra
 def outcomes(treatment: np.ndarray, comparator: np.ndarray, rng: np.random.Generator,
              resamples: int = RESAMPLES) -> np.ndarray:
     """The rule's outcome (an OUTCOMES string) for every row of [experiments, seeds] arrays."""
-    diff = treatment.mean(1) - comparator.mean(1)
     low, high = bootstrap_interval(treatment, comparator, rng, resamples)
-    works = (mann_whitney_p(treatment, comparator) <= ALPHA) & (diff >= MIN_EFFECT) & (low > 0)
+    return _verdict(mann_whitney_p(treatment, comparator), treatment.mean(1) - comparator.mean(1), low, high)
+
+
+def _verdict(p: np.ndarray, diff: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    works = (p <= ALPHA) & (diff >= MIN_EFFECT) & (low > 0)
     return np.where(works, "works", np.where(high < MIN_EFFECT, "does_not_work", "inconclusive"))
 
 
 def decide(treatment: Sequence[float], comparator: Sequence[float], seed: int = 0) -> Dict[str, object]:
     """The rule on one treatment's and one comparator's per-seed values, with what it read."""
     t, c = np.asarray([treatment], float), np.asarray([comparator], float)
-    rng = np.random.default_rng(seed)
-    low, high = bootstrap_interval(t, c, rng)
-    u = float((t[0][:, None] > c[0][None]).sum() + 0.5 * (t[0][:, None] == c[0][None]).sum())
-    return {"outcome": str(outcomes(t, c, np.random.default_rng(seed))[0]),
-            "p": float(mann_whitney_p(t, c)[0]), "mean_difference": float(t.mean() - c.mean()),
-            "interval": (float(low[0]), float(high[0])), "cles": u / (t.shape[1] * c.shape[1]),
-            "seeds": (t.shape[1], c.shape[1])}
+    low, high = bootstrap_interval(t, c, np.random.default_rng(seed))
+    p, diff = mann_whitney_p(t, c), t.mean(1) - c.mean(1)
+    return {"outcome": str(_verdict(p, diff, low, high)[0]), "p": float(p[0]), "mean_difference": float(diff[0]),
+            "interval": (float(low[0]), float(high[0])),
+            "cles": float(u_statistic(t, c)[0]) / (t.shape[1] * c.shape[1]), "seeds": (t.shape[1], c.shape[1])}
 
 
 def decide_claim(treatment: Sequence[float], comparators: Mapping[str, Sequence[float]],
