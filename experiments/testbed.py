@@ -239,6 +239,7 @@ def gates_config() -> ml_collections.ConfigDict:
     # G3's bands (fractions) for the hidden names under base: opening with SHOW TABLES, and success.
     c.gates.g3_opens = (0.04, 0.12)
     c.gates.g3_success = (0.02, 0.08)
+    c.gates.regime = "names"  # the lookup regime (studies/testbed/lookup.py): names | apis
     return c
 
 
@@ -272,7 +273,7 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
     c.optim.warmup_steps = 1
     c.eval.num_tasks = 20
     c.eval.per_type = 1
-    c.eval.harnesses = ("base", "lenient_parse")
+    c.eval.harnesses = ("base", "docs_first") if c.regime.kind == "apis" else ("base", "lenient_parse")
     c.eval.sampled = False
     c.eval.max_new_tokens = 16
     c.log.every = 1
@@ -592,7 +593,79 @@ def gates_v4_config() -> ml_collections.ConfigDict:
 
 
 VARIANTS["v4"] = _sft_v4  # after `names`: sft,names,v4
-ARM_MODIFIERS = {"smoke": _arm_smoke, "gpu": _arm_gpu, "v3": _arm_v3, "v4": _arm_v4}
+
+
+# The API regime (docs/testbed.md, "The API regime"; issue 40's second regime): AppWorld's protocol in
+# the offline world, each task with an app of its own whose API name half of the tasks withhold;
+# docs_first (a hint) asks to list the app's APIs first, api_list shows them after a failed guess.
+APIS_POOL = "harness_envs/pools/testbed_apis.json"
+APIS_TRAIN_SPLIT, APIS_HELDOUT_SPLIT = "apis_train", "apis_heldout"
+
+
+def _apis_benchmark() -> ml_collections.ConfigDict:
+    b = experiments.load("appworld").benchmark()
+    b.name = "synth_apis"
+    return b
+
+
+def _sft_apis(c: ml_collections.ConfigDict) -> None:
+    """The API regime's warm start: the v3 names warm start, which copies coined names token for
+    token (the skill a hidden API's name needs), continued by SFT on this regime's expert episodes,
+    never looking an API up under base (`regime.show_rate_base = 0`, as v3)."""
+    _names(c)  # the names regime's tokenizer, copy replay and evaluation settings
+    c.benchmark = _apis_benchmark()
+    c.pool = APIS_POOL
+    c.data.train_split = APIS_TRAIN_SPLIT
+    c.eval.split = APIS_HELDOUT_SPLIT
+    c.regime.kind = "apis"
+    c.regime.show_rate_base = 0.0
+    c.sft.init_from = NAMES_V3_WARMSTART
+    # A new protocol (Python cells, not SQL lines): the names SFT rate with copy replay, 400 steps of
+    # 32 fresh tasks (min: `smoke` shrinks them in either order). Streams reach ~800 tokens (the
+    # api_list recovery: a traceback, then the app's signatures).
+    c.sft.steps = min(c.sft.steps, 400)
+    c.sft.num_tasks = min(c.sft.num_tasks, 12800)
+    c.data.num_train_tasks = min(c.data.num_train_tasks, 13400)
+    c.optim.warmup_steps = min(c.optim.warmup_steps, 20)
+    c.sft.max_len = 960
+    c.eval.harnesses = ("base", "docs_first", "api_list")
+    c.eval.per_type = 0  # one task type: the gates (`gates,apis`) measure the warm start
+
+
+def gates_apis_config() -> ml_collections.ConfigDict:
+    """The API regime's gates: v3's (G3: never opens with the API list, succeeds in at most 1 of 300)
+    with docs_first for tables_first and api_list for schema_reminder; the warm start from the
+    command line (--config.model.hf_dir=W_sft/hf)."""
+    c = gates_v3_config()
+    c.benchmark = _apis_benchmark()
+    c.pool = APIS_POOL
+    c.model.hf_dir = ""
+    c.gates.regime = "apis"
+    c.gates.heldout_split = APIS_HELDOUT_SPLIT
+    c.gates.train_split = APIS_TRAIN_SPLIT
+    c.gates.max_new_tokens = 96  # a guessed call in a fence is ~50 tokens
+    return c
+
+
+VARIANTS["apis"] = _sft_apis  # sft,apis
+# The names arms' parts in the API regime (studies/testbed/lookup.py).
+APIS_SIBLINGS = {"tables_first": "docs_first", "schema_reminder": "api_list"}
+
+
+def _arm_apis(c: ml_collections.ConfigDict) -> None:
+    """A names_* arm in the API regime: its benchmark, pool, splits and siblings; the warm start from
+    the command line (the sweep's --warm; none ships), a checkpoint a step for the budget curve."""
+    if c.benchmark.name != "synth_names":
+        raise ValueError("the apis modifier applies to the names_* arms only")
+    c.benchmark = _apis_benchmark()
+    c.pool = APIS_POOL
+    c.model.hf_dir = ""
+    c.data.train_split, c.eval.split = APIS_TRAIN_SPLIT, APIS_HELDOUT_SPLIT
+    c.rescue.siblings = tuple(APIS_SIBLINGS.get(s, s) for s in c.rescue.siblings)
+    c.rollout.max_new_tokens = c.eval.max_new_tokens = 96  # a guessed call in a fence is ~57 tokens
+    c.checkpoint.every = 1
+
+ARM_MODIFIERS = {"smoke": _arm_smoke, "gpu": _arm_gpu, "v3": _arm_v3, "v4": _arm_v4, "apis": _arm_apis}
 
 
 def names_rank1_config(smoke: bool = False) -> ml_collections.ConfigDict:
@@ -640,6 +713,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         return gates_v3_config()
     if sorted(variants) == ["gates", "v4"]:
         return gates_v4_config()
+    if sorted(variants) == ["apis", "gates"]:
+        return gates_apis_config()
     if variants and variants[0] == "names_rank1":
         if set(variants[1:]) - {"smoke"}:
             raise ValueError(f"names_rank1 combines with 'smoke' only, got {variants[1:]}")

@@ -5,9 +5,9 @@ from harness_envs.appworld.benchmark import AppWorld
 from harness_envs.benchmark import Benchmark
 from harness_envs.dbbench.benchmark import DBBench
 from harness_envs.swegym.benchmark import SWEGym
-from harness_envs.synth.benchmark import Synth, SynthNames
+from harness_envs.synth.benchmark import Synth, SynthApis, SynthNames
 
-BENCHMARKS: dict[str, type[Benchmark]] = {cls.name: cls for cls in (DBBench, Synth, SynthNames, AppWorld, SWEGym)}
+BENCHMARKS: dict[str, type[Benchmark]] = {cls.name: cls for cls in (DBBench, Synth, SynthNames, SynthApis, AppWorld, SWEGym)}
 
 
 def make_benchmark(name: str, **options) -> Benchmark:

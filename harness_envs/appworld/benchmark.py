@@ -32,7 +32,7 @@ BACKENDS = ("offline", "appworld")
 
 KNOBS = KnobSchema("appworld", {
     "instruction": Knob(str, "appworld", "instruction variant shown as the system message",
-                        choices=("appworld", "concise")),
+                        choices=("appworld", "concise", "brief")),
     "obs_max_chars": Knob(int, 20_000, "observation length before it is cut and '[TRUNCATED]' appended",
                           min=50, max=100_000),
     "max_rounds": Knob(int, 20, "code cells executed before the episode ends on the step limit", min=1, max=100),

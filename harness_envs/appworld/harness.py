@@ -44,6 +44,11 @@ Write your code in a ```python fenced block."""
 _CONCISE = """\
 Do my task by writing Python code, one ```python block per turn, that calls my apps' APIs as `apis.<app>.<api>(...)`. I run each block and show you its output. Docs: `apis.api_docs.show_api_descriptions(app_name=...)`, `apis.api_docs.show_api_doc(app_name=..., api_name=...)`. Credentials: `apis.supervisor.show_account_passwords()`; log in with `apis.<app>.login(username=<my email>, password=...)` and pass access_token=. Finish with `apis.supervisor.complete_task(answer=...)`."""
 
+# No word on docs or logins: a small policy's prompt (the testbed's API regime, harness_envs/synth/apis.py),
+# where looking an API up is the behaviour a sibling's hint adds and training should bring about.
+_BRIEF = """\
+Do my task by writing Python code, one ```python block per turn, that calls my apps' APIs as `apis.<app>.<api>(...)`. I run each block and show you its output. Finish with `apis.supervisor.complete_task(answer=...)`."""
+
 _DEMO = """
 
 Here is how an earlier task went (a different task: solve yours the same way, step by step).
@@ -107,6 +112,8 @@ def render_instruction(spec: HarnessSpec) -> str:
         text = _INSTRUCTION + (_DEMO if spec.knob("few_shot") else "")
     elif variant == "concise":
         text = _CONCISE + (_DEMO if spec.knob("few_shot") else "")
+    elif variant == "brief":
+        text = _BRIEF + (_DEMO if spec.knob("few_shot") else "")
     else:
         raise ValueError(f"instruction variant {variant!r} has no AppWorld text; add it to render_instruction")
     hint = spec.knob("hint")

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Protocol, Sequence
 
 from harness_envs.appworld import tasks as tasks_lib
-from harness_envs.appworld.api import ApiError
+from harness_envs.appworld.api import ApiError, Registry
 from harness_envs.appworld.apps import REGISTRY
 from harness_envs.appworld.world import World
 from harness_envs.sandbox import Limits, PythonSandbox
@@ -57,12 +57,14 @@ class Session(Protocol):
 
 class OfflineSession:
     """The offline world of `task` with the agent's code in a sandbox; `apis` calls reach the world
-    here, so the code can change the world only through its APIs."""
+    here, so the code can change the world only through its APIs. `registry`: the apps the world
+    serves (the shipped ones; the testbed's API regime gives each task its own)."""
 
     def __init__(self, task: tasks_lib.AppWorldTask, limits: Limits, *, isolation: str = "auto",
-                 hide: Sequence[str] = ()):
+                 hide: Sequence[str] = (), registry: Registry = REGISTRY):
         self.task = task
-        self.world = World(task.world, REGISTRY)
+        self.registry = registry
+        self.world = World(task.world, registry)
         self.world.confirm_hook = self._confirm
         self._hold = self._held_now = False
         self.sandbox = PythonSandbox(limits, isolation_mode=isolation, bridge="apis", on_call=self._call, hide=hide)
@@ -93,14 +95,18 @@ class OfflineSession:
         return [c.describe() for c in self.world.diff()]
 
     def evaluate(self):
-        return tasks_lib.check_task(self.task, self.world.diff(), self.world.completed), self.world.completed
+        return self.check(self.world.diff(), self.world.completed), self.world.completed
+
+    def check(self, changes, completed) -> list[tasks_lib.TaskTest]:
+        """The task's tests on the end state (the shipped tasks' checker)."""
+        return tasks_lib.check_task(self.task, changes, completed)
 
     def app_signatures(self, app: str) -> str | None:
-        return REGISTRY.signatures(app) or None
+        return self.registry.signatures(app) or None
 
     def api_doc(self, app: str, api: str) -> dict | None:
         try:
-            return REGISTRY.lookup(app, api).describe()
+            return self.registry.lookup(app, api).describe()
         except ApiError:
             return None
 

@@ -52,7 +52,7 @@ from hsjax.rl import optim
 from hsjax.rl.sft import BucketedBatches, make_train_step, pack
 from hsjax.rollout.runner import ONE_BATCH, EpisodeRunner, Job
 from hsjax.rollout.segments import render_segments
-from studies.testbed import copy_warmup
+from studies.testbed import copy_warmup, lookup
 
 log = logging.getLogger(__name__)
 
@@ -94,38 +94,43 @@ def _uniform(index: int, salt: str) -> float:
 
 
 def names_plan(task, regime) -> tuple[str, str]:
-    """(harness, style) of a names-regime task's expert episode (docs/testbed.md, "Testbed v2").
+    """(harness, style) of a lookup regime's task's expert episode (docs/testbed.md, "Testbed v2";
+    `regime.kind` names or apis: `lookup.ROLES`, written here for names).
 
     Visible names: the protocol, a share `visible_hint_share` under tables_first so that the hint
     line alone does not change what the policy does. Hidden names: under base, tables_first or
     schema_reminder by `hidden_shares`; the expert opens with SHOW TABLES at `show_rate_hint` under
     tables_first and at `show_rate_base` otherwise (schema_reminder opens in exactly the base's
     context, so the two rates must agree), and guesses the table name the rest of the time."""
+    roles = lookup.ROLES[regime.kind]
     if not task.hidden:
-        return ("tables_first" if _uniform(task.index, "visible") < regime.visible_hint_share else "base"), "protocol"
+        return (roles.hint if _uniform(task.index, "visible") < regime.visible_hint_share else "base"), "protocol"
     base_share, hint_share, reminder_share = regime.hidden_shares
     if abs(base_share + hint_share + reminder_share - 1.0) > 1e-6:
         raise ValueError(f"regime.hidden_shares={tuple(regime.hidden_shares)} must sum to 1 (base, "
-                         "tables_first, schema_reminder)")
+                         f"{roles.hint}, {roles.reminder})")
     u = _uniform(task.index, "harness")
-    harness = "base" if u < base_share else "tables_first" if u < base_share + hint_share else "schema_reminder"
-    rate = regime.show_rate_hint if harness == "tables_first" else regime.show_rate_base
-    return harness, ("show_tables" if _uniform(task.index, "style") < rate else "guess_table")
+    harness = "base" if u < base_share else roles.hint if u < base_share + hint_share else roles.reminder
+    rate = regime.show_rate_hint if harness == roles.hint else regime.show_rate_base
+    return harness, (roles.look_up if _uniform(task.index, "style") < rate else roles.guess)
 
 
 def sft_jobs(tasks, config) -> list[tuple]:
     """[(task, harness name, expert style)]: the expert episodes of the SFT data."""
-    if config.regime.kind == "names":
+    if config.regime.kind in lookup.ROLES:
         return [(task, *names_plan(task, config.regime)) for task in tasks]
     if config.regime.kind != "types":
-        raise ValueError(f"regime.kind={config.regime.kind!r} is not 'types' or 'names'")
+        raise ValueError(f"regime.kind={config.regime.kind!r} is not 'types', 'names' or 'apis'")
     plan = regime_plan(config)
     return [(task, episode_harness(task, plan, config), plan[task.type][0]) for task in tasks if task.type in plan]
 
 
-def expected_to_fail(task, harness: str, style: str) -> bool:
+def expected_to_fail(task, harness: str, style: str, kind: str = "types") -> bool:
     """The demonstrated failures of a regime: a style that gives up after a bare error, under a
-    harness that does not show the schema."""
+    harness that does not show what it missed (the schema; in a lookup regime, the hidden name)."""
+    if kind in lookup.ROLES:
+        roles = lookup.ROLES[kind]
+        return roles.expert.acts_on_hidden_name(style, task) and style == roles.guess and harness != roles.reminder
     acts = style == "schema_recovery" or expert_lib.acts_on_hidden_name(style, task)
     return acts and style in expert_lib.GIVES_UP_WITHOUT_REMINDER and harness != expert_lib.RESCUER[style]
 
@@ -145,7 +150,7 @@ def expert_streams(jobs, pool, tokenizer, config, bench):
                                env_workers=config.sft.env_workers)
         for i, traj in zip(indices, runner.run([Job(pool[jobs[i][1]], jobs[i][0]) for i in indices])):
             task, harness, _ = jobs[i]
-            if not traj.result["success"] and not expected_to_fail(task, harness, style):
+            if not traj.result["success"] and not expected_to_fail(task, harness, style, config.regime.kind):
                 raise RuntimeError(f"the expert failed {task.task_id} under {harness} in style {style} "
                                    f"({traj.result['failure_mode']}); the regime pairs each style with the "
                                    "harness that accepts it, so this is a bug in the expert or the tasks")
@@ -365,7 +370,7 @@ def main(config, workdir: str) -> dict:
             res = evaluate_families(runner, tasks, specs, sampling)
             results[f"{split}/{mode}"] = res
             print(f"SFT warm policy, {split}, {mode}: success in % per family (columns: harnesses)")
-            print(format_family_table(res["summary"], synth_tasks.TYPES))
+            print(format_family_table(res["summary"], list(dict.fromkeys(t.type for t in tasks))))
     t_eval = time.perf_counter() - t0
     bench.close()
 

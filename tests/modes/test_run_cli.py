@@ -32,7 +32,7 @@ def test_help_lists_the_modes_the_experiment_files_and_their_variants(tmp_path):
         assert f"experiments/{name}.py:" in proc.stdout
     dbbench = next(line for line in proc.stdout.splitlines() if line.startswith("  experiments/dbbench.py: "))
     assert {"eval", "demo", "smoke", "policy_only", "dapo", "hint", "harness_s"} <= set(dbbench.split(": ")[1].split(", "))
-    assert "names_rank1" in proc.stdout and "modifiers of a training arm: gpu, smoke, v3" in proc.stdout
+    assert "names_rank1" in proc.stdout and "modifiers of a training arm: apis, gpu, smoke, v3, v4" in proc.stdout
     assert "--print-config" in proc.stdout
 
 

@@ -47,7 +47,7 @@ def test_the_sft_mix_plants_the_configured_shares():
 
 
 def test_shares_that_do_not_sum_to_one_are_an_error():
-    regime = ConfigDict({"visible_hint_share": 0.2, "hidden_shares": (0.5, 0.5, 0.5),
+    regime = ConfigDict({"kind": "names", "visible_hint_share": 0.2, "hidden_shares": (0.5, 0.5, 0.5),
                          "show_rate_base": 0.1, "show_rate_hint": 0.7})
     hidden = next(t for t in names.make_tasks("names_train", 12) if t.hidden)
     with pytest.raises(ValueError, match="sum to 1"):
