@@ -135,6 +135,28 @@ def expected_to_fail(task, harness: str, style: str, kind: str = "types") -> boo
     return acts and style in expert_lib.GIVES_UP_WITHOUT_REMINDER and harness != expert_lib.RESCUER[style]
 
 
+ENV_RETRIES = 2  # re-rolls of an expert episode whose environment failed (a sandbox that did not start)
+
+
+def _expert_episodes(runner: EpisodeRunner, expert, jobs: list[Job]) -> list:
+    """The expert's trajectories of `jobs`, in order. An episode whose environment failed
+    (`env_error`: the machine's fault, not the expert's, e.g. a sandbox start under load) is re-rolled
+    up to ENV_RETRIES times, so one flake among thousands of episodes does not end a warm start;
+    the failed episodes' recorded turns are dropped. A failure that persists is left to the caller."""
+    trajs = runner.run(jobs)
+    for attempt in range(ENV_RETRIES):
+        failed = [i for i, t in enumerate(trajs) if t.result["failure_mode"] == "env_error"]
+        if not failed:
+            break
+        for i in failed:
+            log.warning("expert episode %s: the environment failed (%s); re-rolling it (%d of %d)",
+                        trajs[i].result["task_id"], trajs[i].result.get("error"), attempt + 1, ENV_RETRIES)
+            expert.turns.pop(trajs[i].episode_id, None)
+        for i, traj in zip(failed, runner.run([jobs[i] for i in failed])):
+            trajs[i] = traj
+    return trajs
+
+
 def expert_streams(jobs, pool, tokenizer, config, bench):
     """Rolls out the expert on `jobs` (`sft_jobs`), one expert per style; returns (segments, records)
     in the order of the jobs."""
@@ -148,12 +170,15 @@ def expert_streams(jobs, pool, tokenizer, config, bench):
         expert = RecordingChatPolicy(bench.make_agent("expert", default_style=style, **options))
         runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=ONE_BATCH,
                                env_workers=config.sft.env_workers)
-        for i, traj in zip(indices, runner.run([Job(pool[jobs[i][1]], jobs[i][0]) for i in indices])):
+        trajs = _expert_episodes(runner, expert, [Job(pool[jobs[i][1]], jobs[i][0]) for i in indices])
+        for i, traj in zip(indices, trajs):
             task, harness, _ = jobs[i]
             if not traj.result["success"] and not expected_to_fail(task, harness, style, config.regime.kind):
+                error = f": {traj.result['error']}" if traj.result.get("error") else ""
                 raise RuntimeError(f"the expert failed {task.task_id} under {harness} in style {style} "
-                                   f"({traj.result['failure_mode']}); the regime pairs each style with the "
-                                   "harness that accepts it, so this is a bug in the expert or the tasks")
+                                   f"({traj.result['failure_mode']}{error}); the regime pairs each style with "
+                                   "the harness that accepts it, so this is a bug in the expert, the tasks or "
+                                   "(after re-rolls) the environment")
             rendered[i] = render_segments(tokenizer, expert.turns[traj.episode_id], eos_id)
     segments = [seg for i in range(len(jobs)) for seg in rendered[i]]
     records = [{"task_id": t.task_id, "type": t.type, "harness": h, "style": st} for t, h, st in jobs]

@@ -245,3 +245,39 @@ def test_resuming_with_other_sft_data_is_refused(tmp_path):
     c.sft.num_tasks = 16
     with pytest.raises(UserError, match="fresh --workdir"):
         sft.main(c, workdir)
+
+
+class _FlakyBench:
+    """A benchmark whose environment fails to open the first `failures` times for each task: a
+    sandbox that does not start under load."""
+
+    def __init__(self, bench, failures: int):
+        self.bench, self.failures, self.opened = bench, failures, {}
+
+    def __getattr__(self, name):
+        return getattr(self.bench, name)
+
+    def make_episode(self, task, spec, *args, **kwargs):
+        episode = self.bench.make_episode(task, spec, *args, **kwargs)
+        seen = self.opened.get(task.task_id, 0)
+        self.opened[task.task_id] = seen + 1
+        if seen < self.failures:
+            def fail():
+                raise OSError("the sandbox did not start")
+            episode._open = fail
+        return episode
+
+
+def test_expert_streams_re_roll_an_environment_failure_and_name_one_that_persists(tokenizer):
+    c = testbed.get_config("sft")
+    tasks = make_tasks("synth_train", 6, seed=0)
+    jobs = sft.sft_jobs(tasks, c)
+    bench = Synth()
+    pool = bench.load_pool()
+    clean, _ = sft.expert_streams(jobs, pool, tokenizer, c, bench)
+    flaky = _FlakyBench(bench, failures=sft.ENV_RETRIES)
+    segments, records = sft.expert_streams(jobs, pool, tokenizer, c, flaky)
+    assert set(flaky.opened.values()) == {sft.ENV_RETRIES + 1}
+    assert len(segments) == len(clean) and all(np.array_equal(a.tokens, b.tokens) for a, b in zip(segments, clean))
+    with pytest.raises(RuntimeError, match="env_error: .*the sandbox did not start"):
+        sft.expert_streams(jobs, pool, tokenizer, c, _FlakyBench(bench, failures=sft.ENV_RETRIES + 1))
