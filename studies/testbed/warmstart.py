@@ -50,7 +50,7 @@ from hsjax.policies.recording import RecordingChatPolicy
 from hsjax.policies.tokens import tokenizer_eos_ids
 from hsjax.rl import optim
 from hsjax.rl.sft import BucketedBatches, make_train_step, pack
-from hsjax.rollout.runner import ONE_BATCH, EpisodeRunner, Job
+from hsjax.rollout.runner import EpisodeRunner, Job
 from hsjax.rollout.segments import render_segments
 from studies.testbed import copy_warmup, lookup
 
@@ -136,6 +136,10 @@ def expected_to_fail(task, harness: str, style: str, kind: str = "types") -> boo
 
 
 ENV_RETRIES = 2  # re-rolls of an expert episode whose environment failed (a sandbox that did not start)
+# Expert episodes open at once. Every open AppWorld-protocol episode holds a sandbox (a leased uid of
+# 4,096, a tmpfs): as one batch, the API regime's 6,400 episodes of a style ran out of uids. The
+# scripted expert needs no batch for speed, and the episodes do not depend on it (seeds are per job).
+EXPERT_BATCH = 256
 
 
 def _expert_episodes(runner: EpisodeRunner, expert, jobs: list[Job]) -> list:
@@ -168,7 +172,7 @@ def expert_streams(jobs, pool, tokenizer, config, bench):
     rendered: dict[int, list] = {}
     for style, indices in by_style.items():
         expert = RecordingChatPolicy(bench.make_agent("expert", default_style=style, **options))
-        runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=ONE_BATCH,
+        runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=EXPERT_BATCH,
                                env_workers=config.sft.env_workers)
         trajs = _expert_episodes(runner, expert, [Job(pool[jobs[i][1]], jobs[i][0]) for i in indices])
         for i, traj in zip(indices, trajs):

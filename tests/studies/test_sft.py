@@ -281,3 +281,22 @@ def test_expert_streams_re_roll_an_environment_failure_and_name_one_that_persist
     assert len(segments) == len(clean) and all(np.array_equal(a.tokens, b.tokens) for a, b in zip(segments, clean))
     with pytest.raises(RuntimeError, match="env_error: .*the sandbox did not start"):
         sft.expert_streams(jobs, pool, tokenizer, c, _FlakyBench(bench, failures=sft.ENV_RETRIES + 1))
+
+
+def test_expert_streams_open_at_most_a_bounded_batch_of_episodes_and_do_not_depend_on_it(tokenizer, monkeypatch):
+    """A sandboxed episode holds one of 4,096 uids while open: the expert's episodes go in bounded
+    batches, and the streams are those of one batch."""
+    from hsjax.rollout import runner as runner_lib
+    c = testbed.get_config("sft")
+    jobs = sft.sft_jobs(make_tasks("synth_train", 10, seed=0), c)
+    bench = Synth()
+    pool = bench.load_pool()
+    monkeypatch.setattr(sft, "EXPERT_BATCH", len(jobs))
+    whole, _ = sft.expert_streams(jobs, pool, tokenizer, c, bench)
+    sizes, collect = [], runner_lib.engine.collect
+    monkeypatch.setattr(runner_lib.engine, "collect", lambda episodes, *a, **k: sizes.append(len(episodes))
+                        or collect(episodes, *a, **k))
+    monkeypatch.setattr(sft, "EXPERT_BATCH", 3)
+    batched, _ = sft.expert_streams(jobs, pool, tokenizer, c, bench)
+    assert max(sizes) == 3 and sum(sizes) == len(jobs)
+    assert len(batched) == len(whole) and all(np.array_equal(a.tokens, b.tokens) for a, b in zip(batched, whole))
