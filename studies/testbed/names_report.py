@@ -21,20 +21,33 @@ from typing import Sequence
 
 from harness_envs.synth import names
 from hsjax.harness_s import analysis
-from studies.testbed import mechanism, names_behaviour
+from studies.testbed import lookup, mechanism, names_behaviour
 from studies.testbed.runs import Run, by_arm, load_sweep
 
 DEFAULT_SPLIT = "distinct_heldout"
 
 
-def keys(split: str) -> tuple[str, str, str]:
-    """(primary, mechanism, guardrail) metric names of an evaluation split."""
+def keys(split: str, opening: str = lookup.ROLES["names"].metric) -> tuple[str, str, str]:
+    """(primary, mechanism, guardrail) metric names of an evaluation split; `opening` is the
+    regime's lookup-opening metric (`LookupRoles.metric`)."""
     prefix = f"eval/{split}/base"
-    return f"{prefix}/hidden/success", f"{prefix}/hidden/opens_show_tables", f"{prefix}/visible/success"
+    return f"{prefix}/hidden/success", f"{prefix}/hidden/{opening}", f"{prefix}/visible/success"
+
+
+def run_roles(run: Run) -> lookup.LookupRoles:
+    """The lookup regime a run trained in, read off its benchmark (the `apis` arm modifier trains on
+    `synth_apis`; every other names arm on the SQL regime)."""
+    benchmark = run.config.get("benchmark", {}).get("name")
+    return lookup.ROLES["apis" if benchmark == "synth_apis" else "names"]
 
 
 def run_keys(run: Run) -> tuple[str, str, str]:
-    return keys(run.config.get("eval", {}).get("split", DEFAULT_SPLIT))
+    return keys(run.config.get("eval", {}).get("split", DEFAULT_SPLIT), run_roles(run).metric)
+
+
+def opening_label(runs: Sequence[Run]) -> str:
+    """The opening's column title: the regime's, or both where a report mixes regimes."""
+    return " / ".join(dict.fromkeys(run_roles(r).label for r in runs)) or lookup.ROLES["names"].label
 
 
 POSITIVE, NEGATIVE, REROLL = "names_tables_first_base", "names_schema_reminder", "names_base_reroll"
@@ -124,8 +137,9 @@ def _cell(xs: Sequence[float]) -> str:
     return f"{100 * mean(xs):.1f} ± {100 * sd:.1f}"
 
 
-def format_table(table: dict[str, dict], equal: dict[str, list[float]], budget: float) -> str:
-    lines = [f"| arm | seeds | hidden held-out success % | at {budget:.0f} rollouts | SHOW TABLES first % "
+def format_table(table: dict[str, dict], equal: dict[str, list[float]], budget: float,
+                 opening: str = lookup.ROLES["names"].label) -> str:
+    lines = [f"| arm | seeds | hidden held-out success % | at {budget:.0f} rollouts | {opening} "
              "| visible held-out success % | rollouts |", "|---|---|---|---|---|---|---|"]
     for arm, v in table.items():
         lines.append(f"| {arm} | {len(v['seeds'])} | {_cell(v['primary'])} | {_cell(equal.get(arm, []))} | "
@@ -271,7 +285,7 @@ def plot_mechanism(runs: Sequence[Run], curves: dict[str, dict], path: str) -> N
             draw(ax, r.arm, r.seed, [x.get("rollouts/total", 0) for x in rows],
                  [100 * x.get(run_keys(r)[1], 0) for x in rows], labelled)
     ax.set_xlabel("cumulative executor rollouts")
-    ax.set_ylabel("opens with SHOW TABLES under base, %")
+    ax.set_ylabel(f"{opening_label(runs).removesuffix(' %')} under base, %")
     ax.set_title("hidden-name held-out tasks, T = 1 (marker/line style = seed)")
     ax.legend(fontsize=7)
     if curves:
@@ -304,7 +318,7 @@ def report(root, out_dir, gates_path=None, rank1: dict[str, str] | None = None) 
     logp_equal = logp_at_budget(curves, budget)
     behaviour = behaviours(runs)
     plot_mechanism(runs, curves, os.path.join(out_dir, "names_mechanism.png"))
-    parts = [format_table(({"names_warmstart": warm} if warm else {}) | table, equal, budget),
+    parts = [format_table(({"names_warmstart": warm} if warm else {}) | table, equal, budget, opening_label(runs)),
              "```\n" + json.dumps(result, indent=1) + "\n```"]
     if curves:
         parts.append("| run | log p of the SHOW TABLES opening: first -> last checkpoint (nats) |\n|---|---|\n"

@@ -8,13 +8,14 @@ from harness_envs.synth import names
 from studies.testbed import names_report as nr
 
 
-def write_run(root, arm, seed, finals, rollouts=(320, 640)):
+def write_run(root, arm, seed, finals, rollouts=(320, 640), benchmark="synth_names", split="coined_heldout"):
     """A workdir whose evaluations give `finals` (primary measure at each eval) at `rollouts`."""
     workdir = root / arm / f"seed{seed}"
     workdir.mkdir(parents=True)
-    (workdir / "config.json").write_text(json.dumps({"seed": seed, "rollout": {"n": 4},
-                                                     "eval": {"split": "coined_heldout"}}))
-    primary, mechanism, guardrail = nr.keys("coined_heldout")
+    (workdir / "config.json").write_text(json.dumps({"seed": seed, "rollout": {"n": 4}, "benchmark": {"name": benchmark},
+                                                     "eval": {"split": split}}))
+    opening = "opens_docs" if benchmark == "synth_apis" else "opens_show_tables"
+    primary, mechanism, guardrail = nr.keys(split, opening)
     rows = []
     for step, (value, total) in enumerate(zip(finals, rollouts), start=1):
         rows.append({"step": step, "rollouts/total": total, primary: value, mechanism: value / 2,
@@ -135,3 +136,13 @@ def test_the_router_summary_pools_decisions_and_final_profiles(tmp_path, capsys)
     assert rows["base_copy"] == {"chosen": 1, "steps": [0], "profile": pytest.approx(1 / 4)}
     assert rows["schema_reminder"]["profile"] is None  # chosen, but not in the saved profiles
     assert "| names_harness_s | tables_first | 4 | 2, 3 | 0.67 |" in capsys.readouterr().out
+
+
+def test_an_api_regime_sweep_is_read_on_its_own_opening(tmp_path, capsys):
+    """Arms trained with the `apis` modifier log `hidden/opens_docs`; the report reads and labels it."""
+    for arm, m in dict(names_policy_only=0.10, names_tables_first_base=0.45).items():
+        for seed in range(2):
+            write_run(tmp_path, arm, seed, [m / 2, m], benchmark="synth_apis", split="apis_heldout")
+    out = nr.main(["--root", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert out["table"]["names_tables_first_base"]["mechanism"] == [pytest.approx(0.225)] * 2
+    assert "| API list first % |" in capsys.readouterr().out
