@@ -45,8 +45,25 @@ SPLITS = ("train", "dev", "test")
 VARIANTS = 3
 
 
+class SeededWorld:
+    """What AppWorld's episode reads of a task's world: the world of the task's `seed`, its
+    supervisor, and the first of its `apps` as the main one (shared by the testbed's API tasks)."""
+
+    @property
+    def world(self) -> WorldSpec:
+        return world_for(self.seed)
+
+    @property
+    def supervisor(self) -> dict:
+        return self.world.supervisor
+
+    @property
+    def main_app(self) -> str:
+        return self.apps[0]
+
+
 @dataclasses.dataclass(frozen=True)
-class AppWorldTask:
+class AppWorldTask(SeededWorld):
     """One task: `question` is the instruction; `answer` the gold answer (None for action tasks);
     `solution` the gold code; `params` what the checker needs."""
 
@@ -61,18 +78,6 @@ class AppWorldTask:
     params: dict
     answer: Any
     solution: str
-
-    @property
-    def world(self) -> WorldSpec:
-        return world_for(self.seed)
-
-    @property
-    def supervisor(self) -> dict:
-        return self.world.supervisor
-
-    @property
-    def main_app(self) -> str:
-        return self.apps[0]
 
 
 @functools.lru_cache(maxsize=512)

@@ -36,8 +36,7 @@ from harness_envs.appworld import apps as appworld_apps
 from harness_envs.appworld.api import ApiError, Param, Registry
 from harness_envs.appworld.checker import TaskTest, answers_match
 from harness_envs.appworld.session import OfflineSession
-from harness_envs.appworld.tasks import world_for
-from harness_envs.appworld.world import WorldSpec
+from harness_envs.appworld.tasks import SeededWorld
 from harness_envs.synth.names import coin
 from harness_envs.synth.tasks import generated, split_of_size
 
@@ -71,7 +70,7 @@ DEFAULT_SIZES = {"apis_train": 3000, "apis_heldout": 600}
 
 
 @dataclasses.dataclass(frozen=True)
-class ApisTask:
+class ApisTask(SeededWorld):
     """One task of the API regime, with the fields AppWorld's episode and evaluator read.
 
     `apis`: ((api name, attribute), ...) in the app's order; `items`: ((item, (value per
@@ -101,10 +100,6 @@ class ApisTask:
         return (self.app,)
 
     @property
-    def main_app(self) -> str:
-        return self.app
-
-    @property
     def api(self) -> str:
         """The API that serves the asked attribute."""
         return next(name for name, attr in self.apis if attr == self.attribute)
@@ -113,14 +108,6 @@ class ApisTask:
     def solution(self) -> str:
         """The gold cell: the answer straight from the right API."""
         return gold_cell(self)
-
-    @property
-    def world(self) -> WorldSpec:
-        return world_for(self.seed)
-
-    @property
-    def supervisor(self) -> dict:
-        return self.world.supervisor
 
 
 def gold_cell(task: ApisTask, api: str | None = None) -> str:
