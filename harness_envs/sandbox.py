@@ -43,7 +43,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from harness_envs.sandbox_isolation import ISOLATIONS, SYSTEM_PATH, child_env, isolation, wrap  # noqa: F401 (API)
-from harness_envs.sandbox_mounts import disk_usage, interpreter, mount_quota, unmount
+from harness_envs.sandbox_mounts import disk_usage, interpreter, mount_quota, sweep_stale_quota_mounts, unmount
 from harness_envs.sandbox_users import SANDBOX_UIDS, UID_LOCKS, SandboxUser, closed_ancestor  # noqa: F401 (API)
 
 CHILD_SOURCE = (pathlib.Path(__file__).with_name("sandbox_child.py")).read_text()
@@ -160,6 +160,7 @@ class PythonSandbox:
         try:
             if os.geteuid() == 0:
                 self.user = SandboxUser.lease(uids)
+                sweep_stale_quota_mounts(self.user.uid)  # of a run killed before it could close them
                 if self._own_dir and limits.disk_mb:
                     self.quota_mounted = mount_quota(self.workdir, limits.disk_mb, *self.user.ids)
                 if not self.quota_mounted:

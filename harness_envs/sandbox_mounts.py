@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from typing import Sequence
@@ -142,10 +143,46 @@ def mount_quota(path: str, size_mb: int, uid: int, gid: int) -> bool:
         return False
     options = f"size={int(size_mb)}m,mode=0700,uid={uid},gid={gid},nosuid,nodev"
     try:
-        return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "hsjax-sandbox", path], capture_output=True,
+        return subprocess.run(["mount", "-t", "tmpfs", "-o", options, MOUNT_SOURCE, path], capture_output=True,
                               timeout=20).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+MOUNT_SOURCE = "hsjax-sandbox"  # the source name of every quota tmpfs, so stale ones can be found
+
+
+def quota_mounts_of(uid: int, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """The mount points of the quota tmpfs mounted for `uid` (`mount_quota`), from `mountinfo`."""
+    out = []
+    try:
+        lines = open(mountinfo).read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if not sep or len(fields) < 5 or len(rest) < 3 or rest[:2] != ["tmpfs", MOUNT_SOURCE]:
+            continue
+        if f"uid={uid}" in rest[2].split(","):
+            # mountinfo escapes space, tab, newline and backslash in paths as octal
+            out.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return out
+
+
+def sweep_stale_quota_mounts(uid: int) -> int:
+    """Unmounts the quota tmpfs left mounted for `uid` by a process that died without closing its
+    sandbox (SIGKILL, a crash in a worker) and removes their directories when empty; call it right
+    after leasing `uid`: while a live sandbox holds the uid its lease is held, so any mount for a
+    freshly leased uid is stale. Returns how many it unmounted."""
+    stale = quota_mounts_of(uid)
+    for path in stale:
+        unmount(path)
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+    return len(stale)
 
 
 def unmount(path: str) -> None:

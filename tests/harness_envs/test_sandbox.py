@@ -8,6 +8,7 @@ import pytest
 
 from harness_envs import sandbox
 from harness_envs import sandbox_command
+from harness_envs import sandbox_mounts
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODES = [m for m in ("bwrap", "unshare", "none")
@@ -179,3 +180,34 @@ def test_uid_leases_are_exclusive_until_released(tmp_path, monkeypatch):
         sandbox_command.run_command("true", str(tmp_path), user=(1_500_000_000, 1_500_000_000))
     with pytest.raises(PermissionError, match="only by root"):
         sandbox.SandboxUser.lease()
+
+
+def test_stale_quota_mounts_are_found_by_uid(tmp_path):
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "45 27 0:40 / /tmp/hsjax-sandbox-a rw,nosuid - tmpfs hsjax-sandbox rw,size=65536k,mode=700,uid=1500000007,gid=1500000007\n"
+        "46 27 0:41 / /tmp/with\\040space rw - tmpfs hsjax-sandbox rw,size=1024k,uid=1500000007,gid=1500000007\n"
+        "47 27 0:42 / /tmp/hsjax-sandbox-b rw - tmpfs hsjax-sandbox rw,size=1024k,uid=15000000070,gid=15000000070\n"
+        "48 27 0:43 / /tmp/other rw - tmpfs tmpfs rw,uid=1500000007\n"
+        "49 27 0:44 / /data rw - ext4 /dev/vda rw\n")
+    assert sandbox_mounts.quota_mounts_of(1_500_000_007, str(info)) == ["/tmp/hsjax-sandbox-a", "/tmp/with space"]
+    assert sandbox_mounts.quota_mounts_of(1_500_000_008, str(info)) == []
+
+
+def test_a_sandbox_unmounts_the_quota_tmpfs_a_killed_run_left_for_its_uid(tmp_path):
+    """A run killed before it closed its sandboxes leaves their quota tmpfs mounted; the next lease
+    of the uid sweeps them (3,898 had piled up in /tmp after killed warm starts)."""
+    if os.geteuid() != 0:
+        pytest.skip("quota tmpfs and uid leases need root")
+    uid = 1_500_009_001  # outside SANDBOX_UIDS: no other test or run leases it
+    left = tempfile.mkdtemp(prefix="hsjax-sandbox-")
+    if not sandbox_mounts.mount_quota(left, 1, uid, uid):
+        os.rmdir(left)
+        pytest.skip("this machine refuses tmpfs mounts (no CAP_SYS_ADMIN)")
+    assert left in sandbox_mounts.quota_mounts_of(uid)
+    box = sandbox.PythonSandbox(sandbox.Limits(disk_mb=1), uids=range(uid, uid + 1))
+    try:
+        assert sandbox_mounts.quota_mounts_of(uid) == [box.workdir] and not os.path.exists(left)
+    finally:
+        box.close()
+    assert sandbox_mounts.quota_mounts_of(uid) == []
