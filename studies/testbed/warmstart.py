@@ -25,6 +25,8 @@ One linear `main`, in banner sections:
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 import logging
 import os
 import random
@@ -51,6 +53,7 @@ from hsjax.policies.tokens import tokenizer_eos_ids
 from hsjax.rl import optim
 from hsjax.rl.sft import BucketedBatches, make_train_step, pack
 from hsjax.rollout.runner import EpisodeRunner, Job
+from hsjax.rollout.engine import Segment
 from hsjax.rollout.segments import render_segments
 from studies.testbed import copy_warmup, lookup
 
@@ -189,6 +192,46 @@ def expert_streams(jobs, pool, tokenizer, config, bench):
     return segments, records
 
 
+STREAMS_FILE = "sft_streams.npz"
+
+
+def streams_key(jobs, pool, tokenizer, config) -> str:
+    """What the expert streams depend on: the jobs (tasks, harnesses, styles), those harnesses'
+    specs, the benchmark block and the tokenizer."""
+    h = hashlib.sha256()
+    h.update(json.dumps([[t.task_id, hz, st] for t, hz, st in jobs]).encode())
+    h.update(json.dumps({name: pool[name].to_json() for name in sorted({hz for _, hz, _ in jobs})},
+                        sort_keys=True, default=str).encode())
+    h.update(json.dumps(config.benchmark.to_dict(), sort_keys=True, default=str).encode())
+    h.update(f"{config.model.tokenizer}:{len(tokenizer)}".encode())
+    return h.hexdigest()
+
+
+def cached_expert_streams(jobs, pool, tokenizer, config, bench, workdir: str):
+    """`expert_streams`, kept in `workdir/STREAMS_FILE` so that a resumed warm start does not roll
+    the expert out again (the API regime's 12,800 sandboxed episodes took 35 minutes). The file is
+    read only when its key (`streams_key`) matches; the streams' logprobs are zeros (SFT)."""
+    path, key = os.path.join(workdir, STREAMS_FILE), streams_key(jobs, pool, tokenizer, config)
+    records = [{"task_id": t.task_id, "type": t.type, "harness": h, "style": st} for t, h, st in jobs]
+    if os.path.exists(path):
+        with np.load(path) as f:
+            if str(f["key"]) == key:
+                ends = np.cumsum(f["lengths"])
+                starts = ends - f["lengths"]
+                segments = [Segment(f["tokens"][a:b].astype(np.int32), f["loss_mask"][a:b].astype(np.int32),
+                                    np.zeros(b - a, np.float32)) for a, b in zip(starts, ends)]
+                console.say(f"SFT data: {len(segments)} expert streams read from {path}")
+                return segments, records
+        log.warning("%s was made for other jobs or harnesses; rolling the expert out again", path)
+    segments, records = expert_streams(jobs, pool, tokenizer, config, bench)
+    tmp = path + ".tmp.npz"
+    np.savez_compressed(tmp, key=np.asarray(key), lengths=np.asarray([len(x.tokens) for x in segments], np.int64),
+                        tokens=np.concatenate([x.tokens for x in segments]).astype(np.int32),
+                        loss_mask=np.concatenate([x.loss_mask for x in segments]).astype(np.int8))
+    os.replace(tmp, path)
+    return segments, records
+
+
 def evaluate_families(runner: EpisodeRunner, tasks, specs, sampling) -> dict:
     """{harness: {"success": mean, "by_type": {type: mean}, "n": episodes}} and the records."""
     out, records = {}, []
@@ -285,7 +328,7 @@ def main(config, workdir: str) -> dict:
     # Data: expert streams.
     sft_tasks = train_tasks[: config.sft.num_tasks]
     jobs = sft_jobs(sft_tasks, config)
-    segments, sft_records = expert_streams(jobs, pool, tokenizer, config, bench)
+    segments, sft_records = cached_expert_streams(jobs, pool, tokenizer, config, bench, workdir)
     data = pack(segments, pad_id=tokenizer.pad_token_id, max_len=config.sft.max_len)
     console.say(f"SFT data: {len(segments)} streams from {len(sft_records)} tasks, shared prefix "
                 f"{len(data.prefix_P)} tokens, suffixes padded to {data.tokens_NxU.shape[1]}, "

@@ -300,3 +300,24 @@ def test_expert_streams_open_at_most_a_bounded_batch_of_episodes_and_do_not_depe
     batched, _ = sft.expert_streams(jobs, pool, tokenizer, c, bench)
     assert max(sizes) == 3 and sum(sizes) == len(jobs)
     assert len(batched) == len(whole) and all(np.array_equal(a.tokens, b.tokens) for a, b in zip(batched, whole))
+
+
+def test_a_resumed_warm_start_reads_its_expert_streams_instead_of_rolling_out_again(tmp_path, tokenizer):
+    c = testbed.get_config("sft")
+    tasks = make_tasks("synth_train", 8, seed=0)
+    bench = Synth()
+    pool = bench.load_pool()
+    jobs = sft.sft_jobs(tasks, c)
+    first, records = sft.cached_expert_streams(jobs, pool, tokenizer, c, bench, str(tmp_path))
+    assert (tmp_path / sft.STREAMS_FILE).exists()
+    # A benchmark whose environment never opens: the streams can only come from the file.
+    again, records_again = sft.cached_expert_streams(jobs, pool, tokenizer, c, _FlakyBench(bench, failures=99),
+                                                     str(tmp_path))
+    assert records_again == records and len(again) == len(first)
+    for a, b in zip(again, first):
+        assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.loss_mask, b.loss_mask)
+        assert a.tokens.dtype == b.tokens.dtype and a.loss_mask.dtype == b.loss_mask.dtype
+        assert not a.logprobs.any() and not b.logprobs.any()
+    # Other jobs make other streams: the file is not read for them.
+    with pytest.raises(RuntimeError, match="the sandbox did not start"):
+        sft.cached_expert_streams(jobs[:-1], pool, tokenizer, c, _FlakyBench(bench, failures=99), str(tmp_path))
