@@ -35,6 +35,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tqdm
 
 from harness_envs.synth import expert as expert_lib
 from harness_envs.synth import tasks as synth_tasks
@@ -173,10 +174,11 @@ def expert_streams(jobs, pool, tokenizer, config, bench):
     for i, (_, _, style) in enumerate(jobs):
         by_style[style].append(i)
     rendered: dict[int, list] = {}
+    bar = tqdm.tqdm(total=len(jobs), desc="expert episodes", unit="ep", mininterval=10)
     for style, indices in by_style.items():
         expert = RecordingChatPolicy(bench.make_agent("expert", default_style=style, **options))
         runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=EXPERT_BATCH,
-                               env_workers=config.sft.env_workers)
+                               env_workers=config.sft.env_workers, progress=bar)
         trajs = _expert_episodes(runner, expert, [Job(pool[jobs[i][1]], jobs[i][0]) for i in indices])
         for i, traj in zip(indices, trajs):
             task, harness, _ = jobs[i]
@@ -187,6 +189,7 @@ def expert_streams(jobs, pool, tokenizer, config, bench):
                                    "the harness that accepts it, so this is a bug in the expert, the tasks or "
                                    "(after re-rolls) the environment")
             rendered[i] = render_segments(tokenizer, expert.turns[traj.episode_id], eos_id)
+    bar.close()
     segments = [seg for i in range(len(jobs)) for seg in rendered[i]]
     records = [{"task_id": t.task_id, "type": t.type, "harness": h, "style": st} for t, h, st in jobs]
     return segments, records
