@@ -167,7 +167,7 @@ NAMES_HELDOUT_SPLIT = "distinct_heldout"
 def _names(c: ml_collections.ConfigDict) -> None:
     """Testbed v2 (docs/testbed.md, "Testbed v2"): per-task names, half of the tasks hide the table
     name, the names pool. The SFT mix plants SHOW TABLES rarely under base and often under
-    tables_first (`studies.testbed.warmstart.names_plan`); the gates check what came out."""
+    tables_first (`studies.testbed.sft_data.names_plan`); the gates check what came out."""
     c.benchmark = common.benchmark("synth_names")
     c.pool = NAMES_POOL
     # Coined names, no syllable shared by two names of a task, three wordings a family and lead-ins

@@ -31,7 +31,7 @@ from hsjax import builders
 from hsjax.infra import metrics as metrics_lib
 from hsjax.models.model import forward
 from hsjax.rl import losses
-from studies.testbed import warmstart
+from studies.testbed import sft_data
 
 CLASSES = ("name", "word", "number", "other")
 
@@ -59,12 +59,12 @@ def probe(config, params, cfg, tokenizer, tasks, *, length: int = 1024) -> dict:
     SFT streams on `tasks` (the run's SFT mix of harnesses and styles)."""
     bench = builders.make_benchmark(config)
     pool = builders.load_pool(config, bench)
-    jobs = warmstart.sft_jobs(tasks, config)
+    jobs = sft_data.sft_jobs(tasks, config)
     score = jax.jit(lambda p, tokens_BxT, positions_BxT: losses.token_logp(
         forward(cfg, p, tokens_BxT, positions_BxT)[0], tokens_BxT)[0])
     nats = {c: [] for c in CLASSES}
     for job in jobs:
-        segments, _ = warmstart.expert_streams([job], pool, tokenizer, config, bench)
+        segments, _ = sft_data.expert_streams([job], pool, tokenizer, config, bench)
         syllables = name_syllables(job[0])
         for seg in segments:
             tokens = np.asarray(seg.tokens)

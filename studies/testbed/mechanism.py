@@ -35,7 +35,7 @@ from hsjax.policies.tokens import render_prompt
 from hsjax.rollout.runner import ONE_BATCH, EpisodeRunner, Job
 from hsjax.rl import losses
 from studies.testbed import gates, runs
-from studies.testbed.warmstart import end_of_turn_id
+from studies.testbed.sft_data import end_of_turn_id
 
 OUTPUT = "mechanism_logp.json"
 STYLE = "show_tables"

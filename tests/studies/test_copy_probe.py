@@ -6,6 +6,7 @@ from hsjax import builders
 from hsjax.infra import experiments
 from hsjax.models.tokenizer import tiny_tokenizer
 from studies.testbed import copy_probe, warmstart
+from studies.testbed import sft_data
 
 
 def test_name_syllables_are_the_tasks_coined_names():
@@ -30,7 +31,7 @@ def test_probe_scores_every_policy_token_of_the_expert_streams():
     result = copy_probe.probe(config, params, cfg, tokenizer, tasks, length=768)
     # Every policy token is classed once: the counts add up to the streams' loss-mask total.
     pool = builders.load_pool(config, bench)
-    segments, _ = warmstart.expert_streams(warmstart.sft_jobs(tasks, config), pool, tokenizer, config, bench)
+    segments, _ = sft_data.expert_streams(sft_data.sft_jobs(tasks, config), pool, tokenizer, config, bench)
     assert sum(r["n"] for r in result.values()) == sum(int(np.sum(s.loss_mask)) for s in segments)
     assert result["name"]["n"] > 0 and result["word"]["n"] > 0
     np.testing.assert_allclose(sum(r["share"] for r in result.values()), 1.0, rtol=1e-6)

@@ -23,6 +23,7 @@ from hsjax.policies.recording import RecordingChatPolicy
 from hsjax.policies.scripted import ScriptedTokenPolicy
 from hsjax.rl import sft as sft_math
 from hsjax.rollout.segments import render_segments
+from studies.testbed import sft_data
 from studies.testbed import warmstart as sft
 from hsjax.models import forward, get_preset, init_params, load_pretrained
 from hsjax.models.tokenizer import build_tiny_tokenizer
@@ -52,7 +53,7 @@ def expert_run(tokenizer):
     recorder = RecordingChatPolicy(ScriptedExpert(styles))
     trajs = collect(episodes, recorder, SamplingParams())
     assert all(t.result["success"] for t in trajs)
-    eos = sft.end_of_turn_id(tokenizer)
+    eos = sft_data.end_of_turn_id(tokenizer)
     segments = [render_segments(tokenizer, recorder.turns[ep.info["episode_id"]], eos) for ep in episodes]
     return tasks, pool, styles, harness, recorder, episodes, segments
 
@@ -67,7 +68,7 @@ def test_streams_equal_the_rollout_engine_streams(tokenizer, expert_run):
             for s, e in zip(starts, ends):
                 replies[tuple(seg.tokens[:s].tolist())] = seg.tokens[s:e].tolist()
     policy = ScriptedTokenPolicy(lambda prompt: replies[tuple(prompt)], tokenizer=tokenizer,
-                                 eos_id=sft.end_of_turn_id(tokenizer))
+                                 eos_id=sft_data.end_of_turn_id(tokenizer))
     backend = SQLiteBackend()
     again = [DBBenchEpisode(ep.task, ep.spec, backend) for ep in episodes]
     trajs = collect(again, policy, SamplingParams(max_new_tokens=256))
@@ -123,9 +124,9 @@ def test_regime_plan_rejects_overlap():
     c = testbed.get_config("sft")
     c.regime.families_b = ("other",)
     with pytest.raises(ValueError, match="both"):
-        sft.regime_plan(c)
-    assert sft.regime_plan(testbed.get_config("sft"))["UPDATE"] == ("schema_recovery", "schema_reminder")
-    assert sft.regime_plan(testbed.get_config("sft,format_slip"))["UPDATE"] == ("format_slip", "lenient_parse")
+        sft_data.regime_plan(c)
+    assert sft_data.regime_plan(testbed.get_config("sft"))["UPDATE"] == ("schema_recovery", "schema_reminder")
+    assert sft_data.regime_plan(testbed.get_config("sft,format_slip"))["UPDATE"] == ("format_slip", "lenient_parse")
 
 
 def test_schema_recovery_regime_demonstrates_giving_up_under_base(tokenizer):
@@ -133,21 +134,21 @@ def test_schema_recovery_regime_demonstrates_giving_up_under_base(tokenizer):
     harness (the expert gives up after the bare error); both kinds become streams."""
     c = testbed.get_config("sft")
     tasks = [t for t in make_tasks("synth_train", 200, seed=0) if t.type in c.regime.families_b][:40]
-    plan = sft.regime_plan(c)
-    harnesses = [sft.episode_harness(t, plan, c) for t in tasks]
-    assert harnesses == [sft.episode_harness(t, plan, c) for t in tasks]  # stable
+    plan = sft_data.regime_plan(c)
+    harnesses = [sft_data.episode_harness(t, plan, c) for t in tasks]
+    assert harnesses == [sft_data.episode_harness(t, plan, c) for t in tasks]  # stable
     share = harnesses.count("base") / len(harnesses)
     assert 0.3 < share < 0.7 and set(harnesses) == {"base", "schema_reminder"}
     bench = Synth()
     pool = bench.load_pool()
-    jobs = sft.sft_jobs(tasks, c)
+    jobs = sft_data.sft_jobs(tasks, c)
     assert [h for _, h, _ in jobs] == harnesses
-    segments, records = sft.expert_streams(jobs, pool, tokenizer, c, bench)
+    segments, records = sft_data.expert_streams(jobs, pool, tokenizer, c, bench)
     assert [r["harness"] for r in records] == harnesses and len(segments) == len(tasks)
     assert {r["style"] for r in records} == {"schema_recovery"}
     with c.unlocked():
         c.regime.b_base_share = 0.0
-    assert {sft.episode_harness(t, plan, c) for t in tasks} == {"schema_reminder"}
+    assert {sft_data.episode_harness(t, plan, c) for t in tasks} == {"schema_reminder"}
 
 
 def test_short_run_lowers_loss_and_saves_a_loadable_model(tmp_path, tokenizer):
@@ -271,16 +272,16 @@ class _FlakyBench:
 def test_expert_streams_re_roll_an_environment_failure_and_name_one_that_persists(tokenizer):
     c = testbed.get_config("sft")
     tasks = make_tasks("synth_train", 6, seed=0)
-    jobs = sft.sft_jobs(tasks, c)
+    jobs = sft_data.sft_jobs(tasks, c)
     bench = Synth()
     pool = bench.load_pool()
-    clean, _ = sft.expert_streams(jobs, pool, tokenizer, c, bench)
-    flaky = _FlakyBench(bench, failures=sft.ENV_RETRIES)
-    segments, records = sft.expert_streams(jobs, pool, tokenizer, c, flaky)
-    assert set(flaky.opened.values()) == {sft.ENV_RETRIES + 1}
+    clean, _ = sft_data.expert_streams(jobs, pool, tokenizer, c, bench)
+    flaky = _FlakyBench(bench, failures=sft_data.ENV_RETRIES)
+    segments, records = sft_data.expert_streams(jobs, pool, tokenizer, c, flaky)
+    assert set(flaky.opened.values()) == {sft_data.ENV_RETRIES + 1}
     assert len(segments) == len(clean) and all(np.array_equal(a.tokens, b.tokens) for a, b in zip(segments, clean))
     with pytest.raises(RuntimeError, match="env_error: .*the sandbox did not start"):
-        sft.expert_streams(jobs, pool, tokenizer, c, _FlakyBench(bench, failures=sft.ENV_RETRIES + 1))
+        sft_data.expert_streams(jobs, pool, tokenizer, c, _FlakyBench(bench, failures=sft_data.ENV_RETRIES + 1))
 
 
 def test_expert_streams_open_at_most_a_bounded_batch_of_episodes_and_do_not_depend_on_it(tokenizer, monkeypatch):
@@ -288,16 +289,16 @@ def test_expert_streams_open_at_most_a_bounded_batch_of_episodes_and_do_not_depe
     batches, and the streams are those of one batch."""
     from hsjax.rollout import runner as runner_lib
     c = testbed.get_config("sft")
-    jobs = sft.sft_jobs(make_tasks("synth_train", 10, seed=0), c)
+    jobs = sft_data.sft_jobs(make_tasks("synth_train", 10, seed=0), c)
     bench = Synth()
     pool = bench.load_pool()
-    monkeypatch.setattr(sft, "EXPERT_BATCH", len(jobs))
-    whole, _ = sft.expert_streams(jobs, pool, tokenizer, c, bench)
+    monkeypatch.setattr(sft_data, "EXPERT_BATCH", len(jobs))
+    whole, _ = sft_data.expert_streams(jobs, pool, tokenizer, c, bench)
     sizes, collect = [], runner_lib.engine.collect
     monkeypatch.setattr(runner_lib.engine, "collect", lambda episodes, *a, **k: sizes.append(len(episodes))
                         or collect(episodes, *a, **k))
-    monkeypatch.setattr(sft, "EXPERT_BATCH", 3)
-    batched, _ = sft.expert_streams(jobs, pool, tokenizer, c, bench)
+    monkeypatch.setattr(sft_data, "EXPERT_BATCH", 3)
+    batched, _ = sft_data.expert_streams(jobs, pool, tokenizer, c, bench)
     assert max(sizes) == 3 and sum(sizes) == len(jobs)
     assert len(batched) == len(whole) and all(np.array_equal(a.tokens, b.tokens) for a, b in zip(batched, whole))
 
@@ -307,11 +308,11 @@ def test_a_resumed_warm_start_reads_its_expert_streams_instead_of_rolling_out_ag
     tasks = make_tasks("synth_train", 8, seed=0)
     bench = Synth()
     pool = bench.load_pool()
-    jobs = sft.sft_jobs(tasks, c)
-    first, records = sft.cached_expert_streams(jobs, pool, tokenizer, c, bench, str(tmp_path))
-    assert (tmp_path / sft.STREAMS_FILE).exists()
+    jobs = sft_data.sft_jobs(tasks, c)
+    first, records = sft_data.cached_expert_streams(jobs, pool, tokenizer, c, bench, str(tmp_path))
+    assert (tmp_path / sft_data.STREAMS_FILE).exists()
     # A benchmark whose environment never opens: the streams can only come from the file.
-    again, records_again = sft.cached_expert_streams(jobs, pool, tokenizer, c, _FlakyBench(bench, failures=99),
+    again, records_again = sft_data.cached_expert_streams(jobs, pool, tokenizer, c, _FlakyBench(bench, failures=99),
                                                      str(tmp_path))
     assert records_again == records and len(again) == len(first)
     for a, b in zip(again, first):
@@ -320,4 +321,4 @@ def test_a_resumed_warm_start_reads_its_expert_streams_instead_of_rolling_out_ag
         assert not a.logprobs.any() and not b.logprobs.any()
     # Other jobs make other streams: the file is not read for them.
     with pytest.raises(RuntimeError, match="the sandbox did not start"):
-        sft.cached_expert_streams(jobs[:-1], pool, tokenizer, c, _FlakyBench(bench, failures=99), str(tmp_path))
+        sft_data.cached_expert_streams(jobs[:-1], pool, tokenizer, c, _FlakyBench(bench, failures=99), str(tmp_path))

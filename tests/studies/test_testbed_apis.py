@@ -10,13 +10,14 @@ from harness_envs.synth import apis
 from hsjax.infra import experiments
 from hsjax.modes import train
 from studies.testbed import gates, lookup, warmstart
+from studies.testbed import sft_data
 
 from tests.experiments.config_reads import covered, never_read
 
 
 def test_the_apis_sft_mix_never_looks_up_under_base():
     config = experiments.get_config("testbed", "sft,apis")
-    jobs = warmstart.sft_jobs(apis.make_tasks(config.data.train_split, 2000), config)
+    jobs = sft_data.sft_jobs(apis.make_tasks(config.data.train_split, 2000), config)
     assert all(s == "protocol" for t, _, s in jobs if not t.hidden)
     hidden = collections.Counter((h, s) for t, h, s in jobs if t.hidden)
     assert set(hidden) <= {("base", "guess_api"), ("docs_first", "docs_first"), ("docs_first", "guess_api"),
@@ -25,9 +26,9 @@ def test_the_apis_sft_mix_never_looks_up_under_base():
                                                    hidden[("docs_first", "guess_api")]) == pytest.approx(0.75, abs=0.05)
     # Expected failures: a guess under any harness but api_list; nothing else.
     task = next(t for t, _, _ in jobs if t.hidden)
-    assert warmstart.expected_to_fail(task, "base", "guess_api", "apis")
-    assert not warmstart.expected_to_fail(task, "api_list", "guess_api", "apis")
-    assert not warmstart.expected_to_fail(task, "base", "docs_first", "apis")
+    assert sft_data.expected_to_fail(task, "base", "guess_api", "apis")
+    assert not sft_data.expected_to_fail(task, "api_list", "guess_api", "apis")
+    assert not sft_data.expected_to_fail(task, "base", "docs_first", "apis")
 
 
 def test_apis_sft_and_gates_run_from_the_names_warm_start(tmp_path):

@@ -16,6 +16,7 @@ from hsjax.infra import experiments
 from hsjax.models.model import forward
 from hsjax.modes import train
 from studies.testbed import budget_curve, gates, mechanism, warmstart
+from studies.testbed import sft_data
 
 from tests.experiments.config_reads import covered, never_read
 
@@ -26,7 +27,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def test_the_sft_mix_plants_the_configured_shares():
     config = experiments.get_config("testbed", "sft,names")
     tasks = names.make_tasks(config.data.train_split, 3000, seed=0)
-    jobs = warmstart.sft_jobs(tasks, config)
+    jobs = sft_data.sft_jobs(tasks, config)
     r = config.regime
     visible = [h for t, h, s in jobs if not t.hidden]
     assert all(s == "protocol" for t, _, s in jobs if not t.hidden)
@@ -51,7 +52,7 @@ def test_shares_that_do_not_sum_to_one_are_an_error():
                          "show_rate_base": 0.1, "show_rate_hint": 0.7})
     hidden = next(t for t in names.make_tasks("names_train", 12) if t.hidden)
     with pytest.raises(ValueError, match="sum to 1"):
-        warmstart.names_plan(hidden, regime)
+        sft_data.names_plan(hidden, regime)
 
 
 def cells(**values):
