@@ -135,6 +135,11 @@ def _expert_episodes(runner: EpisodeRunner, expert, jobs: list[Job]) -> list:
     return trajs
 
 
+def job_records(jobs) -> list[dict]:
+    """The JSON record of each job: task id, task type, harness and expert style."""
+    return [{"task_id": t.task_id, "type": t.type, "harness": h, "style": st} for t, h, st in jobs]
+
+
 def expert_streams(jobs, pool, tokenizer, config, bench):
     """Rolls out the expert on `jobs` (`sft_jobs`), one expert per style; returns (segments, records)
     in the order of the jobs."""
@@ -161,9 +166,7 @@ def expert_streams(jobs, pool, tokenizer, config, bench):
                                    "(after re-rolls) the environment")
             rendered[i] = render_segments(tokenizer, expert.turns[traj.episode_id], eos_id)
     bar.close()
-    segments = [seg for i in range(len(jobs)) for seg in rendered[i]]
-    records = [{"task_id": t.task_id, "type": t.type, "harness": h, "style": st} for t, h, st in jobs]
-    return segments, records
+    return [seg for i in range(len(jobs)) for seg in rendered[i]], job_records(jobs)
 
 
 STREAMS_FILE = "sft_streams.npz"
@@ -186,7 +189,7 @@ def cached_expert_streams(jobs, pool, tokenizer, config, bench, workdir: str):
     the expert out again (the API regime's 12,800 sandboxed episodes took 35 minutes). The file is
     read only when its key (`streams_key`) matches; the streams' logprobs are zeros (SFT)."""
     path, key = os.path.join(workdir, STREAMS_FILE), streams_key(jobs, pool, tokenizer, config)
-    records = [{"task_id": t.task_id, "type": t.type, "harness": h, "style": st} for t, h, st in jobs]
+    records = job_records(jobs)
     if os.path.exists(path):
         with np.load(path) as f:
             if str(f["key"]) == key:
