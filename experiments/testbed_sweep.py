@@ -6,7 +6,9 @@
 Each run writes `ROOT/<arm>/seed<k>/` (its log beside it as `run.log`) and, when it exits cleanly, a
 `DONE` file; a second invocation skips finished runs and resumes unfinished ones from their last
 checkpoint (resume is exact, docs/training.md). `warmstart` and `names_warmstart` score the warm
-start once, so they run for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`).
+start once, so they run for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`);
+`--modifiers apis` (or `v4`) appends the modifiers to every arm's config name
+(`names_policy_only,apis`): `--arms` is split on commas, so a modifier cannot ride in it.
 `ROOT/sweep.jsonl` records each finished run's command, exit code and wall time.
 A finished `names_*` training run's mechanism curve, behaviour and success at fixed rollout budgets
 are measured right after it (`studies.testbed.mechanism`, `names_behaviour`: seconds;
@@ -30,26 +32,35 @@ import sys
 import threading
 import time
 
+from studies.testbed import lookup
 from studies.testbed.runs import archive_run
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = REPO / "experiments" / "testbed.py"
 
 
-def run_command(arm: str, seed: int, warm: str, workdir: pathlib.Path, overrides: list[str]) -> list[str]:
-    return [sys.executable, str(REPO / "run.py"), f"--config={CONFIG}:{arm}",
+def run_command(arm: str, seed: int, warm: str, workdir: pathlib.Path, overrides: list[str],
+                modifiers: str = "") -> list[str]:
+    """`modifiers` (e.g. `apis`, `v4`) follow the arm in the config name: `names_policy_only,apis`."""
+    name = ",".join([arm, *[m.strip() for m in modifiers.split(",") if m.strip()]])
+    return [sys.executable, str(REPO / "run.py"), f"--config={CONFIG}:{name}",
             f"--config.model.hf_dir={warm}", f"--config.seed={seed}", f"--workdir={workdir}",
             *[f"--config.{kv}" for kv in overrides]]
 
 
 def analysis_commands(arm: str, workdir: pathlib.Path) -> list[list[str]]:
     """What a finished `names_*` run is measured by after training: its mechanism curve and its
-    success at fixed rollout budgets (trained arms only: both read checkpoints) and its behaviour at
-    the last evaluation."""
+    success at fixed rollout budgets (trained arms only: both read checkpoints) and, in the names
+    regime, its behaviour at the last evaluation (`names_behaviour` reads SQL turns; an API-regime
+    run's openings are its evaluations' `hidden/opens_docs`). The regime is the run's own
+    (`lookup.roles_of` the config.json it wrote)."""
     if not arm.startswith("names_"):
         return []
     trained = arm != "names_warmstart"  # the warm start's arm keeps no checkpoints
-    modules = (["mechanism", "budget_curve"] if trained else []) + ["names_behaviour"]
+    config_path = workdir / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    names_regime = lookup.roles_of(config) is lookup.ROLES["names"]
+    modules = (["mechanism", "budget_curve"] if trained else []) + (["names_behaviour"] if names_regime else [])
     return [[sys.executable, "-m", f"studies.testbed.{m}", f"--run={workdir}"] for m in modules]
 
 
@@ -76,6 +87,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warm", required=True, help="the SFT warm start's HF directory (W_sft/hf)")
     parser.add_argument("--root", required=True)
     parser.add_argument("--arms", required=True, help="comma-separated arms of experiments/testbed.py")
+    parser.add_argument("--modifiers", default="",
+                        help="comma-separated modifiers appended to every arm's config name (apis, v4, smoke)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -101,7 +114,7 @@ def main(argv=None) -> int:
         if lock is None:
             print(f"skip {arm} seed {seed}: another sweep is running it", flush=True)
             return 0
-        cmd = run_command(arm, seed, args.warm, workdir, args.set)
+        cmd = run_command(arm, seed, args.warm, workdir, args.set, args.modifiers)
         t0 = time.perf_counter()
         with lock, open(workdir / "run.log", "a") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

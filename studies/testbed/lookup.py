@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Mapping
 
 from harness_envs.synth import apis, apis_expert, names
 from harness_envs.synth import expert as names_expert
@@ -34,3 +34,10 @@ ROLES = {
     "apis": LookupRoles("docs_first", "api_list", "docs_first", "guess_api", apis_expert,
                         apis.opens_with_docs, "opens_docs", "API list first %"),
 }
+
+
+def roles_of(config: Mapping) -> LookupRoles:
+    """The lookup regime a run trains or is measured in, read off its config's benchmark (the `apis`
+    arm modifier selects `synth_apis`; every other testbed config the SQL names regime)."""
+    benchmark = (config.get("benchmark") or {}).get("name")
+    return ROLES["apis" if benchmark == "synth_apis" else "names"]

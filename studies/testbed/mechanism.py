@@ -1,13 +1,14 @@
-"""Mechanism curve of testbed v2: the teacher-forced log p of opening with SHOW TABLES under base.
+"""Mechanism curve of the testbed: the teacher-forced log p of opening with the lookup under base.
 
     python -m studies.testbed.mechanism --run W/names_harness_s/seed0 [--prompts 64]
 
 The behaviour Harness-S should internalise is a policy action the base harness accepts: on a
-hidden-name task, reply `SHOW TABLES` first. Sampled opening rates (the gates, the training
+hidden-name task, look the name up first (`SHOW TABLES` in the names regime; in the API regime, a
+cell that lists the app's APIs; the run's regime is read off its config, `lookup.roles_of`). Sampled opening rates (the gates, the training
 evaluations) see a shift only in steps of 1/n; the log p of that reply on a fixed set of prompts
 moves with every update. The prompts are the base harness's first-turn contexts of `--prompts`
 hidden-name tasks of the run's evaluation split (its `eval.task_seed`), the reply the scripted
-expert's `show_tables` opening in exactly that context (its text + end-of-turn, as the rollout
+expert's lookup opening (`LookupRoles.look_up`) in exactly that context (its text + end-of-turn, as the rollout
 engine records a reply). Every checkpoint the run kept is scored, and the warm start as step 0.
 
 Writes `<run>/mechanism_logp.json`: {"steps": [...], "rollouts": [cumulative executor rollouts
@@ -24,7 +25,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from harness_envs.synth import names
 from hsjax import builders
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra import metrics as metrics_lib
@@ -34,24 +34,25 @@ from hsjax.policies.recording import RecordingChatPolicy
 from hsjax.policies.tokens import render_prompt
 from hsjax.rollout.runner import ONE_BATCH, EpisodeRunner, Job
 from hsjax.rl import losses
-from studies.testbed import gates, runs
+from studies.testbed import gates, lookup, runs
 from studies.testbed.sft_data import end_of_turn_id
 
 OUTPUT = "mechanism_logp.json"
-STYLE = "show_tables"
 
 
-def opening_pairs(bench, harness, tokenizer, tasks) -> list[tuple[list[int], list[int]]]:
+def opening_pairs(bench, harness, tokenizer, tasks,
+                  roles: lookup.LookupRoles = lookup.ROLES["names"]) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, reply ids) of the expert's first turn on each task under `harness`: the
-    rendered first-turn context and the expert's SHOW TABLES reply + end-of-turn."""
-    expert = RecordingChatPolicy(bench.make_agent("expert", default_style=STYLE))
+    rendered first-turn context and the expert's lookup reply + end-of-turn."""
+    style = roles.look_up
+    expert = RecordingChatPolicy(bench.make_agent("expert", default_style=style))
     runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=ONE_BATCH)
     eos_id = end_of_turn_id(tokenizer)
     pairs = []
     for traj in runner.run([Job(harness, task) for task in tasks]):
         messages, reply = expert.turns[traj.episode_id][0]
-        if not names.opens_with_show_tables([reply]):
-            raise RuntimeError(f"the {STYLE} expert did not open {traj.result['task_id']} with SHOW TABLES "
+        if not roles.opens([reply]):
+            raise RuntimeError(f"the {style} expert did not open {traj.result['task_id']} with its lookup "
                                f"(replied {reply!r}); the mechanism prompts need that reply")
         pairs.append((list(render_prompt(tokenizer, messages)),
                       tokenizer.encode(reply, add_special_tokens=False) + [int(eos_id)]))
@@ -95,7 +96,7 @@ def measure(workdir: str, num_prompts: int = 64, batch_size: int = 16) -> dict:
     pool = builders.load_pool(config, bench)
     tasks = gates.cell_tasks(bench, config.eval.split, config.eval.task_seed, True, num_prompts)
     cfg, warm, tokenizer, _ = builders.load_model(config.model.hf_dir)
-    pairs = opening_pairs(bench, pool["base"], tokenizer, tasks)
+    pairs = opening_pairs(bench, pool["base"], tokenizer, tasks, lookup.roles_of(run.config))
     bench.close()
     with ckpt_lib.Checkpointer(ckpt_lib.resolve_ckpt_dir(run.workdir), keep=None, read_only=True) as ckpt:
         steps = [s for s in ckpt.all_steps() if s > 0]
@@ -122,7 +123,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-size", type=int, default=16)
     args = parser.parse_args(argv)
     out = measure(args.run, args.prompts, args.batch_size)
-    print("| step | executor rollouts | mean log p(SHOW TABLES opening) |\n|---|---|---|")
+    print("| step | executor rollouts | mean log p(the expert's lookup opening) |\n|---|---|---|")
     for step, rollouts, value in zip(out["steps"], out["rollouts"], out["mean_logp"]):
         print(f"| {step} | {rollouts:.0f} | {value:.2f} |")
     return out

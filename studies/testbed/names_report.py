@@ -35,10 +35,8 @@ def keys(split: str, opening: str = lookup.ROLES["names"].metric) -> tuple[str, 
 
 
 def run_roles(run: Run) -> lookup.LookupRoles:
-    """The lookup regime a run trained in, read off its benchmark (the `apis` arm modifier trains on
-    `synth_apis`; every other names arm on the SQL regime)."""
-    benchmark = run.config.get("benchmark", {}).get("name")
-    return lookup.ROLES["apis" if benchmark == "synth_apis" else "names"]
+    """The lookup regime a run trained in (`lookup.roles_of` its config)."""
+    return lookup.roles_of(run.config)
 
 
 def run_keys(run: Run) -> tuple[str, str, str]:

@@ -9,7 +9,7 @@ import pytest
 from harness_envs.synth import apis
 from hsjax.infra import experiments
 from hsjax.modes import train
-from studies.testbed import gates, lookup, warmstart
+from studies.testbed import budget_curve, gates, lookup, mechanism, names_behaviour, warmstart
 from studies.testbed import sft_data
 
 from tests.experiments.config_reads import covered, never_read
@@ -59,6 +59,17 @@ def test_apis_sft_and_gates_run_from_the_names_warm_start(tmp_path):
     train.main(arm, str(tmp_path / "arm"))
     final = json.loads((tmp_path / "arm" / "metrics.jsonl").read_text().splitlines()[-1])
     assert {"eval/apis_heldout/base/hidden/success", "eval/apis_heldout/base/hidden/opens_docs"} <= set(final)
+
+    # The sweep's analyses of a finished arm read its regime: the mechanism curve scores the expert's
+    # API lookup, the budget curve evaluates under base as the loop does; the SQL-turn behaviour refuses.
+    curve = mechanism.measure(str(tmp_path / "arm"), num_prompts=2, batch_size=2)
+    assert curve["steps"] == [0, 1, 2] and "show_api_descriptions" in curve["reply"]
+    assert all(v < 0 for v in curve["mean_logp"])
+    budgets = budget_curve.measure(str(tmp_path / "arm"), budgets=[final["rollouts/total"]])
+    assert budgets["steps"] == [2]
+    assert budgets["metrics"][0]["eval/apis_heldout/base/hidden/success"] == final["eval/apis_heldout/base/hidden/success"]
+    with pytest.raises(ValueError, match="API regime"):
+        names_behaviour.write(tmp_path / "arm")
 
 
 def test_apis_gate_verdicts_read_the_regime_cells():

@@ -60,6 +60,19 @@ def test_names_runs_are_measured_after_training(tmp_path):
     assert modules("names_harness_s") == ["mechanism", "budget_curve", "names_behaviour"]
     assert modules("names_warmstart") == ["names_behaviour"]  # no checkpoints: no curves
     assert modules("policy_only") == []  # the first regime has its own report
+    # An API-regime run (its config.json names synth_apis): the curves, no SQL-turn behaviour.
+    (tmp_path / "config.json").write_text('{"benchmark": {"name": "synth_apis"}}')
+    assert modules("names_harness_s") == ["mechanism", "budget_curve"]
+
+
+def test_modifiers_follow_every_arm_in_its_config_name(tmp_path):
+    config_of = lambda *mods: sweep.run_command("names_policy_only", 3, "W/hf", tmp_path, ["total_steps=2"],
+                                                *mods)[2]
+    assert config_of().endswith("testbed.py:names_policy_only")
+    assert config_of("apis").endswith("testbed.py:names_policy_only,apis")
+    assert config_of(" apis, smoke ").endswith("testbed.py:names_policy_only,apis,smoke")
+    # Every (arm, modifiers) names a config of experiments/testbed.py.
+    assert experiments.get_config("testbed", "names_policy_only,apis").benchmark.name == "synth_apis"
 
 
 def test_a_finished_run_is_archived_and_its_checkpoints_dropped(tmp_path, monkeypatch):
@@ -69,7 +82,7 @@ def test_a_finished_run_is_archived_and_its_checkpoints_dropped(tmp_path, monkey
     warm.mkdir()
     (warm / "config.json").write_text("{}")
 
-    def fake_run(arm, seed, warm, workdir, overrides):  # a run that keeps a checkpoint and writes metrics
+    def fake_run(arm, seed, warm, workdir, overrides, modifiers):  # a run that keeps a checkpoint and writes metrics
         return [sys.executable, "-c", f"import pathlib; w = pathlib.Path({str(workdir)!r}); "
                 "(w / 'checkpoints' / '1').mkdir(parents=True); (w / 'metrics.jsonl').write_text('{}\\n')"]
 
