@@ -10,6 +10,11 @@ A claim works when its treatment works against every comparator, does not work w
 work against at least one, and is inconclusive otherwise (`main`: incomplete while a comparator
 has not run and the others say works).
 
+Rule 1 (validity, before any claim's arm; `validity`): the positive control works against each of
+its regime's pre-registered comparators with a mean difference of at least RULE1_EFFECT points,
+and the negative control does not work against policy_only: passes, fails, or incomplete while an
+arm has not run.
+
 `studies.testbed.power` simulates this same code; `decide` applies it to finished runs.
 """
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Dict, Mapping, Sequence
 
 import numpy as np
 
-from studies.testbed import names_report, runs
+from studies.testbed import lookup, names_report, runs
 
 ALPHA = 0.05
 MIN_EFFECT = 10.0
@@ -116,6 +121,42 @@ CLAIMS = {
 }
 
 
+# Rule 1's arms, as pre-registered in docs/results.md: v4's positive control against every
+# comparator rule 2 uses; the API regime's against policy_only.
+POSITIVE_CONTROL, NEGATIVE_CONTROL = "names_tables_first_base", "names_schema_reminder"
+RULE1_EFFECT = 20.0
+RULE1_COMPARATORS = {
+    "names": ("names_policy_only", "names_base_reroll", "names_sft_hinted", "names_tables_first_base_is"),
+    "apis": ("names_policy_only",),
+}
+
+
+def validity(values: Mapping[str, Mapping[int, float]], regime: str, seed: int = 0) -> Dict[str, object]:
+    """Rule 1 on a sweep's per-seed values: {"outcome": passes | fails | incomplete, "positive",
+    "negative" (their `decide_claim`s or None), "missing" (arms not run)}."""
+    comparators = RULE1_COMPARATORS[regime]
+    missing = [a for a in (POSITIVE_CONTROL, NEGATIVE_CONTROL, *comparators) if a not in values]
+    arm = lambda name: list(values[name].values())
+    present = {c: arm(c) for c in comparators if c in values}
+    positive = decide_claim(arm(POSITIVE_CONTROL), present, seed) if POSITIVE_CONTROL in values and present else None
+    negative = (decide_claim(arm(NEGATIVE_CONTROL), {"names_policy_only": arm("names_policy_only")}, seed)
+                if NEGATIVE_CONTROL in values and "names_policy_only" in values else None)
+    failed = ((positive is not None and any(d["outcome"] != "works" or d["mean_difference"] < RULE1_EFFECT
+                                            for d in positive["comparators"].values()))
+              or (negative is not None and negative["outcome"] == "works"))
+    outcome = "fails" if failed else "incomplete" if missing else "passes"
+    return {"outcome": outcome, "positive": positive, "negative": negative, "missing": missing}
+
+
+def root_regime(root) -> str:
+    """The lookup regime of a sweep's runs (`lookup.roles_of` their configs); one per sweep."""
+    found = {name for run in runs.load_sweep(root) for name, roles in lookup.ROLES.items()
+             if lookup.roles_of(run.config) is roles}
+    if len(found) > 1:
+        raise ValueError(f"{root} mixes runs of the {sorted(found)} regimes; decide each regime's sweep on its own")
+    return found.pop() if found else "names"
+
+
 def per_seed_values(root, endpoint: str = "final") -> Dict[str, Dict[int, float]]:
     """{arm: {seed: held-out hidden success %}} of a sweep: at its last evaluation (`final`) or at a
     budget of its `budget_curve.json` (`S640`: the budget 640)."""
@@ -142,9 +183,19 @@ def main(argv=None, print_fn=print) -> dict:
     args = parser.parse_args(argv)
     values = per_seed_values(args.root, args.endpoint)
     print_fn(f"python -m studies.testbed.rules --root {args.root} --endpoint {args.endpoint}")
-    print_fn("| claim | treatment | comparator | seeds | mean difference (95% interval) | p | CLES | outcome |\n"
+    regime = root_regime(args.root)
+    rule1 = validity(values, regime)
+    print_fn(f"\nRule 1 (validity, the {regime} regime): **{rule1['outcome']}**"
+             + (f" (not run: {', '.join(rule1['missing'])})" if rule1["missing"] else ""))
+    print_fn("| control | comparator | seeds | mean difference (95% interval) | p | outcome |\n|---|---|---|---|---|---|")
+    for control, decided in ((POSITIVE_CONTROL, rule1["positive"]), (NEGATIVE_CONTROL, rule1["negative"])):
+        for name, d in (decided or {"comparators": {}})["comparators"].items():
+            lo, hi = d["interval"]
+            print_fn(f"| {control} | {name} | {d['seeds'][0]} vs {d['seeds'][1]} | {d['mean_difference']:+.1f} "
+                     f"({lo:+.1f}, {hi:+.1f}) | {d['p']:.3f} | {d['outcome']} |")
+    print_fn("\n| claim | treatment | comparator | seeds | mean difference (95% interval) | p | CLES | outcome |\n"
              "|---|---|---|---|---|---|---|---|")
-    out = {}
+    out = {"rule 1": rule1}
     for claim, (treatment, comparators) in CLAIMS.items():
         present = {c: list(values[c].values()) for c in comparators if c in values}
         if treatment not in values or not present:

@@ -85,3 +85,42 @@ def test_the_rule_reads_a_sweep_and_decides_each_claim(tmp_path):
     assert any("not run: names_sft_hinted" in line for line in lines)
     assert out["negative control"]["outcome"] == "does_not_work"
     assert any("names_harness_s_router | – |" in line and "not run" in line for line in lines)
+
+
+def test_rule_one_needs_a_large_positive_effect_and_a_negative_control_that_does_not_work():
+    learnt, none = [80.0 + s for s in range(5)], [float(s % 2) for s in range(5)]
+    values = lambda **arms: {name: dict(enumerate(v)) for name, v in arms.items()}
+    apis = values(names_tables_first_base=learnt, names_policy_only=none, names_schema_reminder=none)
+    assert rules.validity(apis, "apis")["outcome"] == "passes"
+    # The same runs miss three of the names regime's pre-registered comparators.
+    names = rules.validity(apis, "names")
+    assert names["outcome"] == "incomplete" and "names_base_reroll" in names["missing"]
+    # A positive control that works by less than 20 points fails rule 1; so does a negative control that works.
+    small = [v - 65.0 for v in learnt]
+    assert rules.validity({**apis, **values(names_tables_first_base=small)}, "apis")["outcome"] == "fails"
+    assert rules.validity({**apis, **values(names_schema_reminder=learnt)}, "apis")["outcome"] == "fails"
+    assert rules.validity(values(names_policy_only=none), "apis")["outcome"] == "incomplete"
+
+
+def test_the_rules_read_the_sweeps_regime_and_print_rule_one(tmp_path):
+    import json
+
+    key = "eval/apis_heldout/base/hidden/success"
+    for arm, value in (("names_tables_first_base", 0.9), ("names_policy_only", 0.0), ("names_schema_reminder", 0.0)):
+        for seed in range(5):
+            work = tmp_path / arm / f"seed{seed}"
+            work.mkdir(parents=True)
+            (work / "config.json").write_text(json.dumps({"seed": seed, "benchmark": {"name": "synth_apis"},
+                                                          "eval": {"split": "apis_heldout"}}))
+            (work / "metrics.jsonl").write_text(json.dumps({"step": 20, key: value + seed / 100}) + "\n")
+    assert rules.root_regime(tmp_path) == "apis"
+    lines = []
+    out = rules.main(["--root", str(tmp_path)], lines.append)
+    assert out["rule 1"]["outcome"] == "passes"
+    assert any("Rule 1 (validity, the apis regime): **passes**" in line for line in lines)
+    # A names-regime run in the same root: one sweep, one regime.
+    (tmp_path / "names_policy_only" / "seed9").mkdir()
+    (tmp_path / "names_policy_only" / "seed9" / "config.json").write_text('{"seed": 9}')
+    (tmp_path / "names_policy_only" / "seed9" / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(ValueError, match="mixes runs"):
+        rules.root_regime(tmp_path)
