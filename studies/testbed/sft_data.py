@@ -130,6 +130,8 @@ def _expert_episodes(runner: EpisodeRunner, expert, jobs: list[Job]) -> list:
             log.warning("expert episode %s: the environment failed (%s); re-rolling it (%d of %d)",
                         trajs[i].result["task_id"], trajs[i].result.get("error"), attempt + 1, ENV_RETRIES)
             expert.turns.pop(trajs[i].episode_id, None)
+        if runner.progress is not None:  # the re-rolls are episodes the bar counts again
+            runner.progress.total += len(failed)
         for i, traj in zip(failed, runner.run([jobs[i] for i in failed])):
             trajs[i] = traj
     return trajs

@@ -269,7 +269,22 @@ class _FlakyBench:
         return episode
 
 
-def test_expert_streams_re_roll_an_environment_failure_and_name_one_that_persists(tokenizer):
+class _Bar:
+    """A progress bar that keeps its count and total (tqdm's interface as the runner uses it)."""
+    made = []
+
+    def __init__(self, total, **kwargs):
+        self.total, self.n = total, 0
+        self.made.append(self)
+
+    def update(self, n):
+        self.n += n
+
+    def close(self):
+        pass
+
+
+def test_expert_streams_re_roll_an_environment_failure_and_name_one_that_persists(tokenizer, monkeypatch):
     c = testbed.get_config("sft")
     tasks = make_tasks("synth_train", 6, seed=0)
     jobs = sft_data.sft_jobs(tasks, c)
@@ -277,8 +292,12 @@ def test_expert_streams_re_roll_an_environment_failure_and_name_one_that_persist
     pool = bench.load_pool()
     clean, _ = sft_data.expert_streams(jobs, pool, tokenizer, c, bench)
     flaky = _FlakyBench(bench, failures=sft_data.ENV_RETRIES)
+    monkeypatch.setattr(sft_data.tqdm, "tqdm", _Bar)
     segments, records = sft_data.expert_streams(jobs, pool, tokenizer, c, flaky)
     assert set(flaky.opened.values()) == {sft_data.ENV_RETRIES + 1}
+    # The bar counts every episode it ran, the re-rolls too, and ends full.
+    bar = _Bar.made[-1]
+    assert bar.n == bar.total == len(jobs) * (sft_data.ENV_RETRIES + 1)
     assert len(segments) == len(clean) and all(np.array_equal(a.tokens, b.tokens) for a, b in zip(segments, clean))
     with pytest.raises(RuntimeError, match="env_error: .*the sandbox did not start"):
         sft_data.expert_streams(jobs, pool, tokenizer, c, _FlakyBench(bench, failures=sft_data.ENV_RETRIES + 1))
