@@ -36,6 +36,7 @@ import numpy as np
 from harness_envs.synth import tasks as synth_tasks
 from hsjax import builders
 from hsjax.infra import checkpoint as ckpt_lib
+from hsjax.infra import preemption
 from hsjax.infra import console
 from hsjax.infra.errors import UserError
 from hsjax.infra import metrics as metrics_lib
@@ -210,28 +211,36 @@ def main(config, workdir: str) -> dict:
     t_loop = t_last = time.perf_counter()
     last, tokens_since = {}, 0
     copy_step = copy_warmup.make_copy_step(cfg, optimizer.tx) if replay_every else None
-    for step in range(start_step, config.sft.steps):
-        tokens, mask, length = batches.next()
-        params, opt_state, m = step_fn(params, opt_state, prefix, jnp.asarray(tokens), jnp.asarray(mask),
-                                       jnp.asarray(length))
-        if replay_every and (step + 1) % replay_every == 0:
-            copy_tokens, copy_mask = copy_warmup.replay_batch(tokenizer, config.seed, step, config.sft.batch_size,
-                                                                 far_tokens, config.sft.copy_style)
-            params, opt_state, m["loss/copy_replay"] = copy_step(params, opt_state, jnp.asarray(copy_tokens),
-                                                                 jnp.asarray(copy_mask))
-        tokens_since += len(data.prefix_P) + int(length.sum())
-        done = step + 1
-        if done % config.log.every == 0 or done == config.sft.steps or step == 0:
-            m = {k: float(v) for k, v in jax.device_get(m).items()}
-            now = time.perf_counter()
-            m.update({"lr": float(optimizer.lr_schedule(step + replays_before(step))), "tokens/per_s": tokens_since / (now - t_last),
-                      "time/elapsed": now - t_loop})
-            t_last, tokens_since = now, 0
-            last = writer.write(done, m)
-            console.say(console.step_line(done, config.sft.steps, m, {"loss": "loss/sft", "lr": "lr",
-                                                                       "tok/s": "tokens/per_s"}))
-        if done % config.sft.save_every == 0 or done == config.sft.steps:
-            checkpointer.save(done, {"params": params, "opt_state": opt_state}, {"sft_streams": len(segments)})
+    # SIGTERM (a scheduler ending the job) is taken at the next step boundary: hsjax/infra/preemption.py.
+    with preemption.stop_on_sigterm() as stop:
+        for step in range(start_step, config.sft.steps):
+            tokens, mask, length = batches.next()
+            params, opt_state, m = step_fn(params, opt_state, prefix, jnp.asarray(tokens), jnp.asarray(mask),
+                                           jnp.asarray(length))
+            if replay_every and (step + 1) % replay_every == 0:
+                copy_tokens, copy_mask = copy_warmup.replay_batch(tokenizer, config.seed, step, config.sft.batch_size,
+                                                                     far_tokens, config.sft.copy_style)
+                params, opt_state, m["loss/copy_replay"] = copy_step(params, opt_state, jnp.asarray(copy_tokens),
+                                                                     jnp.asarray(copy_mask))
+            tokens_since += len(data.prefix_P) + int(length.sum())
+            done = step + 1
+            if done % config.log.every == 0 or done == config.sft.steps or step == 0:
+                m = {k: float(v) for k, v in jax.device_get(m).items()}
+                now = time.perf_counter()
+                m.update({"lr": float(optimizer.lr_schedule(step + replays_before(step))), "tokens/per_s": tokens_since / (now - t_last),
+                          "time/elapsed": now - t_loop})
+                t_last, tokens_since = now, 0
+                last = writer.write(done, m)
+                console.say(console.step_line(done, config.sft.steps, m, {"loss": "loss/sft", "lr": "lr",
+                                                                           "tok/s": "tokens/per_s"}))
+            if done % config.sft.save_every == 0 or done == config.sft.steps:
+                checkpointer.save(done, {"params": params, "opt_state": opt_state}, {"sft_streams": len(segments)})
+            if stop.requested and done < config.sft.steps:  # SIGTERM: keep this step, then end
+                if done % config.sft.save_every:
+                    checkpointer.save(done, {"params": params, "opt_state": opt_state}, {"sft_streams": len(segments)})
+                checkpointer.close()
+                console.say(f"SIGTERM: saved step {done}; the same command resumes from it")
+                raise preemption.Stopped(done)
     t_train = time.perf_counter() - t_loop
 
     # ----------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 short run that lowers the loss and writes a loadable HF directory."""
 import json
 import os
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -204,8 +205,9 @@ def _tiny_sft_config():
 
 
 def test_a_run_killed_mid_loop_resumes_exactly(tmp_path, monkeypatch):
-    """Killed after step 3 (last checkpoint: step 2), the same command finishes with the params and
-    metrics of an uninterrupted run: optimizer state and batch stream are restored, not restarted."""
+    """Killed after step 3 (last checkpoint: step 2), or sent SIGTERM in step 3, the same command
+    finishes with the params and metrics of an uninterrupted run: optimizer state and batch stream
+    are restored, not restarted."""
     whole = str(tmp_path / "whole")
     sft.main(_tiny_sft_config(), whole)
 
@@ -229,12 +231,37 @@ def test_a_run_killed_mid_loop_resumes_exactly(tmp_path, monkeypatch):
     assert ckpt_lib.Checkpointer(resumed, read_only=True).all_steps() == [2]
     sft.main(_tiny_sft_config(), resumed)
 
+    # SIGTERM during step 3 (a scheduler ending the job): step 3 finishes, is saved though
+    # save_every is 2, and the run ends with exit status 143; the same command resumes from it.
+    termed = str(tmp_path / "termed")
+
+    def signalled_train_step(cfg, tx):
+        step_fn, calls = real_step(cfg, tx), []
+
+        def step(*args):
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            calls.append(1)
+            return step_fn(*args)
+        return step
+
+    monkeypatch.setattr(sft, "make_train_step", signalled_train_step)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        sft.main(_tiny_sft_config(), termed)
+    assert stopped.value.code == 143 and stopped.value.step == 3
+    assert signal.getsignal(signal.SIGTERM) == handler  # the loop's handler is gone with it
+    monkeypatch.setattr(sft, "make_train_step", real_step)
+    assert ckpt_lib.Checkpointer(termed, read_only=True).all_steps() == [3]
+    sft.main(_tiny_sft_config(), termed)
+
     rows = lambda w: [json.loads(line) for line in open(os.path.join(w, "metrics.jsonl"))]
-    assert [r["step"] for r in rows(resumed)] == [r["step"] for r in rows(whole)]
-    assert [r["loss/sft"] for r in rows(resumed)] == [r["loss/sft"] for r in rows(whole)]
-    a, b = load_params(whole), load_params(resumed)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for other in (resumed, termed):
+        assert [r["step"] for r in rows(other)] == [r["step"] for r in rows(whole)]
+        assert [r["loss/sft"] for r in rows(other)] == [r["loss/sft"] for r in rows(whole)]
+        a, b = load_params(whole), load_params(other)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_resuming_with_other_sft_data_is_refused(tmp_path):
