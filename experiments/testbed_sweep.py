@@ -4,7 +4,8 @@
         --arms warmstart,policy_only,harness_s --seeds 0,1,2 --parallel 2
 
 Each run writes `ROOT/<arm>/seed<k>/` (its log beside it as `run.log`) and, when it exits cleanly, a
-`DONE` file; a second invocation skips finished runs and resumes unfinished ones from their last
+`DONE` file; a second invocation skips finished runs, runs only the missing analyses (below) of a
+trained run whose analyses failed, and resumes unfinished ones from their last
 checkpoint (resume is exact, docs/training.md). `warmstart` and `names_warmstart` score the warm
 start once, so they run for seed 0 only. `--set key=value` passes `--config.key=value` to every run (e.g. `total_steps=30`);
 `--modifiers apis` (or `v4`) appends the modifiers to every arm's config name
@@ -37,6 +38,11 @@ from studies.testbed.runs import archive_run
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = REPO / "experiments" / "testbed.py"
+# What each analysis writes into the run's workdir (the modules' OUTPUT): an analysis whose file is
+# there has run. A trained run (`DONE`) whose analyses failed or were killed is not trained again:
+# the next invocation runs only the analyses whose files are missing.
+OUTPUTS = {"mechanism": "mechanism_logp.json", "budget_curve": "budget_curve.json",
+           "names_behaviour": "names_behaviour.json"}
 
 
 def run_command(arm: str, seed: int, warm: str, workdir: pathlib.Path, overrides: list[str],
@@ -49,7 +55,8 @@ def run_command(arm: str, seed: int, warm: str, workdir: pathlib.Path, overrides
 
 
 def analysis_commands(arm: str, workdir: pathlib.Path) -> list[list[str]]:
-    """What a finished `names_*` run is measured by after training: its mechanism curve and its
+    """What a finished `names_*` run is still to be measured by after training (an analysis whose
+    output file exists has run): its mechanism curve and its
     success at fixed rollout budgets (trained arms only: both read checkpoints) and, in the names
     regime, its behaviour at the last evaluation (`names_behaviour` reads SQL turns; an API-regime
     run's openings are its evaluations' `hidden/opens_docs`). The regime is the run's own
@@ -61,7 +68,8 @@ def analysis_commands(arm: str, workdir: pathlib.Path) -> list[list[str]]:
     config = json.loads(config_path.read_text()) if config_path.exists() else {}
     names_regime = lookup.roles_of(config) is lookup.ROLES["names"]
     modules = (["mechanism", "budget_curve"] if trained else []) + (["names_behaviour"] if names_regime else [])
-    return [[sys.executable, "-m", f"studies.testbed.{m}", f"--run={workdir}"] for m in modules]
+    return [[sys.executable, "-m", f"studies.testbed.{m}", f"--run={workdir}"] for m in modules
+            if not (workdir / OUTPUTS[m]).exists()]
 
 
 def claim(workdir: pathlib.Path):
@@ -107,7 +115,7 @@ def main(argv=None) -> int:
 
     def one(arm: str, seed: int) -> int:
         workdir = root / arm / f"seed{seed}"
-        if (workdir / "DONE").exists():
+        if (workdir / "DONE").exists() and not analysis_commands(arm, workdir):
             print(f"skip {arm} seed {seed}: done", flush=True)
             return 0
         lock = claim(workdir)
@@ -116,18 +124,21 @@ def main(argv=None) -> int:
             return 0
         cmd = run_command(arm, seed, args.warm, workdir, args.set, args.modifiers)
         t0 = time.perf_counter()
-        with lock, open(workdir / "run.log", "a") as log:
-            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        wall = time.perf_counter() - t0
-        if rc == 0:
-            (workdir / "DONE").write_text(f"{wall:.1f}\n")
-            for analysis in analysis_commands(arm, workdir):
+        with lock:
+            rc = 0
+            if not (workdir / "DONE").exists():  # trained already: only its analyses are left
+                with open(workdir / "run.log", "a") as log:
+                    rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                if rc == 0:
+                    (workdir / "DONE").write_text(f"{time.perf_counter() - t0:.1f}\n")
+            for analysis in analysis_commands(arm, workdir) if rc == 0 else []:
                 with open(workdir / "run.log", "a") as log:
                     rc = rc or subprocess.call(analysis, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
             if rc == 0 and args.archive:
                 archive_run(workdir, pathlib.Path(args.archive) / arm / f"seed{seed}")
             if rc == 0 and args.drop_checkpoints:  # the curves are measured: 12 MB a step no longer needed
                 shutil.rmtree(workdir / "checkpoints", ignore_errors=True)
+        wall = time.perf_counter() - t0
         with log_lock:
             with open(root / "sweep.jsonl", "a") as f:
                 f.write(json.dumps({"arm": arm, "seed": seed, "rc": rc, "wall_s": round(wall, 1),

@@ -94,3 +94,45 @@ def test_a_finished_run_is_archived_and_its_checkpoints_dropped(tmp_path, monkey
     run = root / "names_policy_only" / "seed0"
     assert (run / "DONE").exists() and not (run / "checkpoints").exists()
     assert (archive / "names_policy_only" / "seed0" / "metrics.jsonl").exists()
+
+
+def test_a_trained_run_whose_analysis_failed_gets_only_its_analyses_again(tmp_path, monkeypatch):
+    import sys
+
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    (warm / "config.json").write_text("{}")
+    trainings = tmp_path / "trainings"
+
+    def fake_run(arm, seed, warm, workdir, overrides, modifiers):  # counts its trainings
+        return [sys.executable, "-c", f"open({str(trainings)!r}, 'a').write('x'); import pathlib; "
+                f"(pathlib.Path({str(workdir)!r}) / 'metrics.jsonl').write_text('{{}}\\n')"]
+
+    def fake_analyses(fail):  # the budget curve, failing (a killed evaluation) or writing its file
+        def commands(arm, workdir):
+            if (workdir / sweep.OUTPUTS["budget_curve"]).exists():
+                return []
+            write = f"(pathlib.Path({str(workdir)!r}) / 'budget_curve.json').write_text('{{}}')"
+            return [[sys.executable, "-c", "raise SystemExit(1)" if fail else f"import pathlib; {write}"]]
+        return commands
+
+    monkeypatch.setattr(sweep, "run_command", fake_run)
+    argv = ["--warm", str(warm), "--root", str(tmp_path / "root"), "--arms", "names_policy_only", "--seeds", "0"]
+    monkeypatch.setattr(sweep, "analysis_commands", fake_analyses(fail=True))
+    assert sweep.main(argv) == 1
+    run = tmp_path / "root" / "names_policy_only" / "seed0"
+    assert (run / "DONE").exists() and not (run / "budget_curve.json").exists()
+    monkeypatch.setattr(sweep, "analysis_commands", fake_analyses(fail=False))
+    assert sweep.main(argv) == 0
+    assert (run / "budget_curve.json").exists() and trainings.read_text() == "x"  # trained once
+    assert sweep.main(argv) == 0 and trainings.read_text() == "x"  # nothing left: skipped
+
+
+def test_an_analysis_whose_output_exists_is_not_run_again(tmp_path):
+    from studies.testbed import budget_curve, mechanism, names_behaviour
+
+    assert sweep.OUTPUTS == {"mechanism": mechanism.OUTPUT, "budget_curve": budget_curve.OUTPUT,
+                             "names_behaviour": names_behaviour.OUTPUT}
+    (tmp_path / mechanism.OUTPUT).write_text("{}")
+    assert [cmd[2].rsplit(".", 1)[1] for cmd in sweep.analysis_commands("names_harness_s", tmp_path)] == [
+        "budget_curve", "names_behaviour"]
