@@ -60,13 +60,13 @@ def analysis_commands(arm: str, workdir: pathlib.Path) -> list[list[str]]:
     success at fixed rollout budgets (trained arms only: both read checkpoints) and, in the names
     regime, its behaviour at the last evaluation (`names_behaviour` reads SQL turns; an API-regime
     run's openings are its evaluations' `hidden/opens_docs`). The regime is the run's own
-    (`lookup.roles_of` the config.json it wrote)."""
+    (`lookup.regime_of` the config.json it wrote)."""
     if not arm.startswith("names_"):
         return []
     trained = arm != "names_warmstart"  # the warm start's arm keeps no checkpoints
     config_path = workdir / "config.json"
     config = json.loads(config_path.read_text()) if config_path.exists() else {}
-    names_regime = lookup.roles_of(config) is lookup.ROLES["names"]
+    names_regime = lookup.regime_of(config) == "names"
     modules = (["mechanism", "budget_curve"] if trained else []) + (["names_behaviour"] if names_regime else [])
     return [[sys.executable, "-m", f"studies.testbed.{m}", f"--run={workdir}"] for m in modules
             if not (workdir / OUTPUTS[m]).exists()]

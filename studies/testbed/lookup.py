@@ -36,8 +36,12 @@ ROLES = {
 }
 
 
+def regime_of(config: Mapping) -> str:
+    """The lookup regime (a key of ROLES) a run trains or is measured in, read off its config's
+    benchmark (the `apis` arm modifier selects `synth_apis`; every other testbed config the SQL
+    names regime)."""
+    return "apis" if (config.get("benchmark") or {}).get("name") == "synth_apis" else "names"
+
+
 def roles_of(config: Mapping) -> LookupRoles:
-    """The lookup regime a run trains or is measured in, read off its config's benchmark (the `apis`
-    arm modifier selects `synth_apis`; every other testbed config the SQL names regime)."""
-    benchmark = (config.get("benchmark") or {}).get("name")
-    return ROLES["apis" if benchmark == "synth_apis" else "names"]
+    return ROLES[regime_of(config)]

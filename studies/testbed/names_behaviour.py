@@ -123,7 +123,7 @@ def by_slice(episodes: Iterable[dict]) -> dict[str, dict]:
 
 def run_behaviour(run: runs_lib.Run) -> dict:
     """The last evaluation's behaviour under base (by slice) and each sibling's rescue rollouts."""
-    if lookup.roles_of(run.config) is not lookup.ROLES["names"]:
+    if lookup.regime_of(run.config) != "names":
         raise ValueError(f"{run.workdir} trained in the API regime; names_behaviour reads the names regime's "
                          "SQL turns (an API-regime run's lookup openings are its evaluations' hidden/opens_docs)")
     split = run.config.get("eval", {}).get("split") or next(iter(sorted({s for s, _ in run.evals})), None)

@@ -149,9 +149,8 @@ def validity(values: Mapping[str, Mapping[int, float]], regime: str, seed: int =
 
 
 def root_regime(root) -> str:
-    """The lookup regime of a sweep's runs (`lookup.roles_of` their configs); one per sweep."""
-    found = {name for run in runs.load_sweep(root) for name, roles in lookup.ROLES.items()
-             if lookup.roles_of(run.config) is roles}
+    """The lookup regime of a sweep's runs (`lookup.regime_of` their configs); one per sweep."""
+    found = {lookup.regime_of(run.config) for run in runs.load_sweep(root)}
     if len(found) > 1:
         raise ValueError(f"{root} mixes runs of the {sorted(found)} regimes; decide each regime's sweep on its own")
     return found.pop() if found else "names"

@@ -233,11 +233,10 @@ def main(config, workdir: str) -> dict:
                 last = writer.write(done, m)
                 console.say(console.step_line(done, config.sft.steps, m, {"loss": "loss/sft", "lr": "lr",
                                                                            "tok/s": "tokens/per_s"}))
-            if done % config.sft.save_every == 0 or done == config.sft.steps:
+            # SIGTERM: this step is saved whatever save_every says, then the run ends.
+            if done % config.sft.save_every == 0 or done == config.sft.steps or stop.requested:
                 checkpointer.save(done, {"params": params, "opt_state": opt_state}, {"sft_streams": len(segments)})
-            if stop.requested and done < config.sft.steps:  # SIGTERM: keep this step, then end
-                if done % config.sft.save_every:
-                    checkpointer.save(done, {"params": params, "opt_state": opt_state}, {"sft_streams": len(segments)})
+            if stop.requested and done < config.sft.steps:
                 checkpointer.close()
                 console.say(f"SIGTERM: saved step {done}; the same command resumes from it")
                 raise preemption.Stopped(done)
