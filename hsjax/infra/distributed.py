@@ -146,6 +146,14 @@ def local_copy(tree):
     return jax.tree.map(fetch, tree)
 
 
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is true on any process (one small collective; every process must call it at
+    the same point, e.g. a step boundary)."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(np.asarray(multihost_utils.process_allgather(np.array([int(flag)], np.int32))).any())
+
+
 def sync(name: str) -> None:
     """A barrier of every process (no-op alone)."""
     if jax.process_count() > 1:

@@ -7,9 +7,11 @@ checkpoint of that step and ends with `Stopped` (exit status 143, the shell's 12
 the same command resumes from that step exactly. A step in flight when the signal comes finishes
 first: the grace a scheduler gives must exceed one step.
 
-Single-process loops only (the warm starts of studies/testbed). On several hosts the processes
-would first have to agree on the step to stop at (the signal reaches each at its own step), or
-their collective save would hang; the multi-host training loop keeps its periodic checkpoints.
+On several hosts the signal reaches each process at its own moment, and a collective save that
+only some processes enter would hang; so a multi-process loop asks at every step boundary whether
+any process was signalled (`hsjax.infra.distributed.any_process`, one tiny collective) and all of
+them stop at that step together. Used by the training loop (hsjax/modes/train.py) and the testbed's
+warm start (studies/testbed/warmstart.py).
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ optimizer and state, checkpoint, update step, loop. Per step:
 
     tasks -> rollouts under the base harness (n per task) -> all-fail groups -> rescue under the
     rescuer's k siblings (m each) -> pack into the fixed G x (n + k*m) layout -> jitted update ->
-    (every E steps) eval under the base harness on held-out tasks -> (every C steps) checkpoint.
+    (every E steps) eval under the base harness on held-out tasks -> (every C steps, and at the step
+    a SIGTERM ends) checkpoint.
 
 Everything before the update is `hsjax.harness_s.step_rollouts.collect`; with `rollout.staleness=1`
 step t+1's collect runs on a worker thread while step t's update runs (one step off), and the
@@ -29,7 +30,7 @@ from hsjax import builders, voter_servers
 from hsjax.harness_s import step_rollouts
 from hsjax.harness_s.step_rollouts import EVAL_PHASE, MAX_DRAWS, phase_sampling, phase_seed
 from hsjax.infra import checkpoint as ckpt_lib
-from hsjax.infra import console, distributed, host_memory, sharding, tracking
+from hsjax.infra import console, distributed, host_memory, preemption, sharding, tracking
 from hsjax.infra import metrics as metrics_lib
 from hsjax.infra.errors import RunStopped, UserError
 from hsjax.rl import grpo, optim, reference
@@ -106,6 +107,14 @@ def nonfinite_stop(done: int, metrics, saved_steps) -> RunStopped:
 
 
 def main(config, workdir: str) -> dict:
+    # SIGTERM (a scheduler's notice before its SIGKILL) only raises a flag from here on: the loop saves
+    # the step in flight and ends with `preemption.Stopped` (hsjax/infra/preemption.py). Installed
+    # before start-up, so a notice that comes during compilation is taken at the first step boundary.
+    with preemption.stop_on_sigterm() as stop:
+        return _train(config, workdir, stop)
+
+
+def _train(config, workdir: str, stop: preemption.StopFlag) -> dict:
     if config.loss.nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"loss.nonfinite={config.loss.nonfinite!r} is not one of {NONFINITE_POLICIES}: "
                         "'stop' ends the run at a non-finite update, 'skip' skips it and counts it")
@@ -311,7 +320,10 @@ def main(config, workdir: str) -> dict:
                                  tok_s=f"{metrics['tokens/per_s']:.0f}")
             if done % config.log.print_every == 0 or done == config.total_steps:
                 console.say(console.step_line(done, config.total_steps, metrics, {**STEP_LINE, **_eval_keys(metrics)}))
-            if done % config.checkpoint.every == 0 or done == config.total_steps:
+            # Stopping on SIGTERM is agreed by every process (any one signalled stops all at this
+            # step), since the save below is collective.
+            stopping = distributed.any_process(stop.requested)
+            if done % config.checkpoint.every == 0 or done == config.total_steps or stopping:
                 # Every process takes part in the save; the host state is process 0's (its
                 # rescuer made the decisions). A batch collected ahead is saved with the task stream and
                 # rescuer that already drew it, so a resumed run updates on it as this one will.
@@ -320,6 +332,9 @@ def main(config, workdir: str) -> dict:
                                                 **({"collected_ahead": ahead.to_json()} if ahead else {})})
                 if distributed.is_main():
                     rescuer.save_artifacts(workdir)
+            if stopping and done < config.total_steps:
+                console.say(f"SIGTERM: saved step {done}; the same command resumes from it")
+                raise preemption.Stopped(done)
     return last
 
 

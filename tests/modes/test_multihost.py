@@ -1,5 +1,5 @@
 """Multi-process training on 127.0.0.1: two processes (two CPU devices each) train as one process
-with four devices does, and a SIGKILL of both mid-run resumes exactly.
+with four devices does, and a run stopped by a SIGTERM to one of them resumes exactly.
 
 The run is the testbed's Harness-S arm on the shipped warm start (rewards vary, rescue happens,
 router decisions are made by process 0 with the rule voter), a few groups, two steps, evaluated at
@@ -36,10 +36,10 @@ def command(workdir, *extra):
     return [sys.executable, str(REPO / "run.py"), *ARGS, f"--workdir={workdir}", *extra]
 
 
-def launch_two(workdir, port):
+def launch_two(workdir, port, *extra):
     procs = []
     for i in range(2):
-        flags = ["--config.distributed.enabled=True", f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+        flags = [*extra, "--config.distributed.enabled=True", f"--config.distributed.coordinator_address=127.0.0.1:{port}",
                  "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}",
                  "--config.distributed.num_cpu_devices=2"]
         procs.append(subprocess.Popen(command(workdir, *flags), env=env(), cwd=REPO, text=True,
@@ -72,7 +72,7 @@ def assert_same_rows(a, b):
                 assert rb[k] == ra[k], (ra["step"], k)
 
 
-def test_two_processes_train_as_one_and_resume_after_sigkill(tmp_path):
+def test_two_processes_train_as_one_and_resume_after_a_sigterm_to_one(tmp_path):
     one = tmp_path / "one"
     proc = subprocess.run(command(one, "--config.distributed.num_cpu_devices=4"), env=env(), cwd=REPO,
                           capture_output=True, text=True, timeout=900)
@@ -80,19 +80,24 @@ def test_two_processes_train_as_one_and_resume_after_sigkill(tmp_path):
     rows = read_metrics(one)
     assert rows[-1]["rollouts/rescue_total"] > 0 and any(r["reward/mean"] > 0 for r in rows)
 
-    # Both processes SIGKILLed once the step-1 checkpoint is complete, then started again.
-    two = tmp_path / "two"
-    procs = launch_two(two, free_port())
-    manifest = two / "checkpoints" / "1" / "hsjax_manifest.json"
+    # A scheduler's SIGTERM reaches process 1 alone, during step 1. Both processes agree at the step
+    # boundary to stop, save step 1 together (checkpoint.every is 2) and exit with status 143; then
+    # the same command on both resumes.
+    two, every = tmp_path / "two", "--config.checkpoint.every=2"
+    procs = launch_two(two, free_port(), every)
+    started = two / "log.process1.txt"  # "train tasks" is logged after the SIGTERM handler is in place
     deadline = time.monotonic() + 900
-    while not manifest.exists():
-        assert all(p.poll() is None for p in procs), "a process ended before the step-1 checkpoint"
-        assert time.monotonic() < deadline, "no checkpoint within 15 minutes"
+    while not (started.exists() and "train tasks" in started.read_text()):
+        assert all(p.poll() is None for p in procs), "a process ended before its loop began"
+        assert time.monotonic() < deadline, "no training loop within 15 minutes"
         time.sleep(0.05)
-    for p in procs:
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-    first, second = finish(launch_two(two, free_port()))
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], outs[1][1][-4000:]
+    assert "SIGTERM: saved step 1" in outs[0][0]
+    assert [r["step"] for r in read_metrics(two)] == [1]
+    assert sorted(int(d.name) for d in (two / "checkpoints").iterdir() if d.name.isdigit()) == [1]
+    first, second = finish(launch_two(two, free_port(), every))
 
     assert "resumed from step 1" in first and "step 2/2" in first
     # The console is process 0's; process 1 logs to its own file. gloo, the CPU collectives'
