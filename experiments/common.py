@@ -12,6 +12,8 @@ from typing import Callable, Mapping
 
 from ml_collections import ConfigDict
 
+from hsjax.rollout.runner import ENV_RETRIES
+
 DBBENCH_SLIPS = ("format_slip", "skip_schema", "premature_answer", "long_output", "answer_format", "turn_waste")
 DEFAULT_POOL = "harness_envs/pools/dbbench_siblings.json"
 # Eval's `max_policy_error_share`: an eval in which a larger share of episodes ended in policy_error
@@ -99,14 +101,17 @@ def policy(kind: str = "oracle", noise: dict | None = None) -> ConfigDict:
 
 
 def runner(batch_size: int = 64, env_workers: int = 4, max_context_tokens: int = 0,
-           max_context_chars: int = 200_000, max_record_chars: int = 20_000) -> ConfigDict:
+           max_context_chars: int = 200_000, max_record_chars: int = 20_000,
+           env_retries: int = ENV_RETRIES) -> ConfigDict:
     """The episode runner: episodes per collect call, environment threads, token budget (0: none) and,
     for chat policies (http, scripted), a budget in characters of context per episode (0: none; an
     episode past it ends as context_overflow). 200k characters is ~50k tokens: 64 episodes hold a few
     hundred MB at most. Episode records (eval JSON) cut every string past `max_record_chars` to its
-    head and a `…[truncated N chars]` marker (0: keep everything)."""
+    head and a `…[truncated N chars]` marker (0: keep everything). An episode whose environment
+    failed is run again up to `env_retries` times with its own seed (hsjax/rollout/runner.py)."""
     return ConfigDict({"batch_size": batch_size, "env_workers": env_workers, "max_context_tokens": max_context_tokens,
-                       "max_context_chars": max_context_chars, "max_record_chars": max_record_chars})
+                       "max_context_chars": max_context_chars, "max_record_chars": max_record_chars,
+                       "env_retries": env_retries})
 
 
 def model(preset: str = "tiny", hf_dir: str = "") -> ConfigDict:
@@ -160,7 +165,8 @@ def train(c: ConfigDict, *, benchmark_name: str = "dbbench", train_split: str, e
                          "task_seed": 0})  # which tasks, where the benchmark generates them (synth)
     c.rollout = ConfigDict({"groups": 8,  # G tasks per step
                             "n": 4,  # base rollouts per task
-                            "max_context_tokens": 4096, "env_workers": 4})
+                            "max_context_tokens": 4096, "env_workers": 4,
+                            "env_retries": ENV_RETRIES})  # re-runs of an episode whose environment failed
     add_sampling(c.rollout, greedy=False, max_new_tokens=256)
     add_rollout_backend(c.rollout)
     # 0: each step's rollouts are collected before its update, with its params. 1 (one step off): step

@@ -35,7 +35,7 @@ from hsjax.policies.http_rollout import HttpRolloutPolicy
 from hsjax.policies.http_tokens import HttpTokenPolicy
 from hsjax.policies.jax_policy import JaxPolicy
 from hsjax.policies.vllm_policy import VllmOptions, VllmPolicy
-from hsjax.rollout.runner import ONE_BATCH, EpisodeRunner, ProcessShardedRunner
+from hsjax.rollout.runner import ENV_RETRIES, ONE_BATCH, EpisodeRunner, ProcessShardedRunner
 
 
 # ------------------------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def make_runner(config, bench: Benchmark, policy, *, runner: str = "runner", sam
     """The episode runner of every mode: `bench`'s episodes played by `policy`, with the runner
     settings of the block `config[runner]` (`batch_size`, where absent: `ONE_BATCH`, each call's
     jobs in one batch; `env_workers`; the context budgets `max_context_tokens` and
-    `max_context_chars`, where absent: none) and the sampling of `config[sampling]` seeded with
+    `max_context_chars`, where absent: none; `env_retries`, where absent: `runner.ENV_RETRIES`) and the sampling of `config[sampling]` seeded with
     `config.seed`. `sharded`: each call's jobs split across the processes of a multi-process run
     (`ProcessShardedRunner`); `progress`: a bar updated after each batch."""
     block = config[runner]
@@ -97,7 +97,8 @@ def make_runner(config, bench: Benchmark, policy, *, runner: str = "runner", sam
     return cls(bench.make_episode, policy, sampling_params(config[sampling], config.seed),
                batch_size=block["batch_size"] if "batch_size" in block else ONE_BATCH,
                env_workers=block.env_workers, max_context_tokens=block.get("max_context_tokens"),
-               max_context_chars=block.get("max_context_chars"), progress=progress)
+               max_context_chars=block.get("max_context_chars"), progress=progress,
+               env_retries=block.get("env_retries", ENV_RETRIES))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from hsjax.infra import distributed
 from hsjax.policies.base import sampling_params
 from hsjax.policies.tokens import render_prompt
 from hsjax.rl import batch as batch_lib
-from hsjax.rollout.runner import Job, episode_record
+from hsjax.rollout.runner import Job, env_failed, episode_record
 from hsjax.rollout.segments import rerender_with_prefix
 
 # The phases of a step's sampling seeds (`phase_seed`; draw d is phase d): draws below MAX_DRAWS, RESCUE_PHASE
@@ -114,6 +114,10 @@ def rollout_metrics(groups, rescued, outcomes, rollouts: dict, dapo_stats) -> di
     if checked:  # router.validity=replay: the share of checked successful rescues valid under base
         metrics["rescue/base_valid_frac"] = float(np.mean(checked))
     metrics["tokens/generated"] = sum(t.num_generated_tokens for t in base + rescue)
+    # Environment failures (hsjax/rollout/runner.py): re-runs spent on them, and those that persisted
+    # and are trained as the failures they recorded.
+    metrics["rollouts/env_reruns"] = sum(t.result.get("env_reruns", 0) for t in base + rescue)
+    metrics["rollouts/env_errors"] = sum(env_failed(t) for t in base + rescue)
     metrics.update(dapo_stats)
     return metrics
 

@@ -6,10 +6,21 @@ spec, sample_index=...)`, runs them through `engine.collect` in batches of `batc
 the trajectories in job order; every episode result carries its `sample_index` and `num_tokens`.
 `rollouts` counts the executor rollouts the runner has spent, in every mode the same way, which
 the equal-budget comparisons (training arms, Rank-1) rely on.
+
+An episode whose environment failed (result status `env_error`: a sandbox that did not start under
+load, a database that went away) is the machine's fault, not the policy's: with `env_retries` the
+runner runs it again, up to that many times, with its own episode seed, so a transient failure
+leaves the trajectory the policy would have produced without it (a token policy samples from
+(episode seed, turn), whatever else shares the batch). These re-runs are counted in `env_reruns`,
+not in `rollouts`: the budget counts the policy's attempts; a re-run episode's result says how many
+it took (`env_reruns`). A failure that persists (a broken task,
+or an agent that breaks its own environment the same way every time) is returned as it is and
+counted in `env_failures`.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any, Callable, Sequence
 
@@ -18,9 +29,15 @@ from hsjax.infra.metrics import to_python, truncate_strings
 from hsjax.policies.base import SamplingParams, as_policy
 from hsjax.rollout import engine
 
+log = logging.getLogger(__name__)
+
 # `EpisodeRunner(batch_size=ONE_BATCH)`: every call's jobs go to `engine.collect` as one batch,
 # however many there are (the training loop's phases).
 ONE_BATCH = None
+
+# Re-runs of an episode whose environment failed (module docstring), in the modes built from a config
+# (`runner.env_retries` / `rollout.env_retries`).
+ENV_RETRIES = 2
 
 # A record's strings are cut past this many characters: 16 turns of 5 MB replies made a 168 MB eval
 # JSON for two episodes; at this default one episode's record stays under ~1 MB.
@@ -41,20 +58,24 @@ class EpisodeRunner:
 
     `make_episode(task, spec, sample_index=...)` builds one episode (a benchmark's `make_episode`).
     `batch_size`: episodes per `engine.collect` call; `ONE_BATCH` (None): all of a call's jobs at once.
+    `env_retries`: re-runs of an episode whose environment failed (module docstring; 0: none).
     `progress` (optional, e.g. a tqdm bar) gets `update(n)` after each batch. `max_context_tokens` and
     `max_context_chars` (chat policies) are `engine.collect`'s context budgets; 0 or None: none.
     """
 
     def __init__(self, make_episode: Callable, policy, sampling: SamplingParams, *, batch_size: int | None = 256,
                  env_workers: int = 4, max_context_tokens: int | None = None, max_context_chars: int | None = None,
-                 progress=None):
+                 progress=None, env_retries: int = 0):
         self.make_episode, self.policy, self.sampling = make_episode, as_policy(policy), sampling
         self.batch_size = None if batch_size is None else max(1, int(batch_size))
         self.env_workers = int(env_workers)
         self.max_context_tokens = max_context_tokens or None
         self.max_context_chars = max_context_chars or None
         self.progress = progress
+        self.env_retries = int(env_retries)
         self.rollouts = 0
+        self.env_reruns = 0
+        self.env_failures = 0
         self.seconds = 0.0
 
     def run(self, jobs: Sequence[Job], sampling: SamplingParams | None = None, *,
@@ -66,11 +87,27 @@ class EpisodeRunner:
         size = self.batch_size or max(1, len(jobs))
         for start in range(0, len(jobs), size):
             chunk = jobs[start:start + size]
-            episodes = [self.make_episode(j.task, j.spec, sample_index=j.sample_index) for j in chunk]
-            trajectories = engine.collect(episodes, self.policy, sampling or self.sampling,
-                                          max_context_tokens=self.max_context_tokens, env_workers=self.env_workers,
-                                          max_context_chars=self.max_context_chars,
-                                          episode_seeds=[first_episode_seed + start + i for i in range(len(chunk))])
+            seeds = [first_episode_seed + start + i for i in range(len(chunk))]
+            trajectories = self._collect(chunk, seeds, sampling)
+            for attempt in range(self.env_retries):
+                failed = [i for i, t in enumerate(trajectories) if env_failed(t)]
+                if not failed:
+                    break
+                for i in failed:
+                    log.warning("episode of task %s under %s: the environment failed (%s); running it again "
+                                "(%d of %d)", chunk[i].task.task_id, chunk[i].spec.name,
+                                trajectories[i].result.get("error"), attempt + 1, self.env_retries)
+                again = self._collect([chunk[i] for i in failed], [seeds[i] for i in failed], sampling)
+                for i, traj in zip(failed, again):
+                    traj.result["env_reruns"] = attempt + 1  # so counts survive a multi-process gather
+                    trajectories[i] = traj
+                self.env_reruns += len(failed)
+            persisting = [i for i, t in enumerate(trajectories) if env_failed(t)]
+            if persisting and self.env_retries:
+                log.warning("%d episodes' environments failed again after %d re-runs (first: task %s, %s); "
+                            "their results are kept as they are", len(persisting), self.env_retries,
+                            chunk[persisting[0]].task.task_id, trajectories[persisting[0]].result.get("error"))
+            self.env_failures += len(persisting)
             for job, traj in zip(chunk, trajectories):
                 traj.result.setdefault("sample_index", job.sample_index)
                 traj.result["num_tokens"] = traj.num_generated_tokens or None
@@ -80,6 +117,12 @@ class EpisodeRunner:
                 self.progress.update(len(chunk))
         self.seconds += time.perf_counter() - t0
         return out
+
+    def _collect(self, jobs: Sequence[Job], seeds: list[int], sampling: SamplingParams | None):
+        episodes = [self.make_episode(j.task, j.spec, sample_index=j.sample_index) for j in jobs]
+        return engine.collect(episodes, self.policy, sampling or self.sampling,
+                              max_context_tokens=self.max_context_tokens, env_workers=self.env_workers,
+                              max_context_chars=self.max_context_chars, episode_seeds=seeds)
 
     def results(self, jobs: Sequence[Job], sampling: SamplingParams | None = None) -> list[dict]:
         """The result dict of every job, in order."""
@@ -99,6 +142,11 @@ class ProcessShardedRunner(EpisodeRunner):
         local = super().run(jobs[share], sampling, first_episode_seed=first_episode_seed + share.start)
         self.rollouts += len(jobs) - len(local)
         return distributed.gather_shares(local)
+
+
+def env_failed(traj: engine.Trajectory) -> bool:
+    """Whether the episode ended because its environment, not its agent, failed."""
+    return traj.result.get("status") == engine.ENV_ERROR
 
 
 def episode_record(traj: engine.Trajectory, max_chars: int = MAX_RECORD_CHARS) -> dict:

@@ -3,16 +3,20 @@ update with the params before it, change nothing else, and a run stopped after a
 exactly (the checkpoint carries the batch collected ahead)."""
 import hashlib
 import json
+import os
+import signal
 
 import jax
 import numpy as np
 import pytest
 
+from hsjax import builders
 from hsjax.harness_s import step_rollouts
 from hsjax.infra import checkpoint as ckpt_lib
 from hsjax.infra.errors import UserError
 from hsjax.infra import experiments
 from hsjax.modes import train
+from hsjax.rl import grpo
 from tests.modes.test_train import StoppedAfterCheckpoint, stopped_after_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
@@ -115,6 +119,85 @@ def test_one_step_off_resumes_exactly(one_step_off, tmp_path, monkeypatch):
     assert [r["rollout/staleness"] for r in rows(tmp_path / "resumed")] == [0, 1, 1]
     for a, b in zip(jax.tree.leaves(ckpt_lib.load_params(straight / "checkpoints", subtree=None)),
                     jax.tree.leaves(ckpt_lib.load_params(tmp_path / "resumed" / "checkpoints", subtree=None))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_sigterm_saves_the_step_in_flight_and_the_run_resumes_exactly(one_step_off, tmp_path, monkeypatch):
+    """A scheduler's SIGTERM during step 2's update (while step 3's rollouts are collected ahead):
+    step 2 finishes, is checkpointed though checkpoint.every is 5, with the batch collected ahead,
+    and the run ends with exit status 143; the same command ends where an uninterrupted run does."""
+    straight, _ = one_step_off
+    def config():
+        c = async_config(3, staleness=1)
+        c.checkpoint.every = 5
+        return c
+
+    jit_train_step = grpo.jit_train_step
+
+    def signalling_jit(*args, **kwargs):
+        update, calls = jit_train_step(*args, **kwargs), []
+
+        def step(*a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return update(*a, **k)
+        return step
+
+    workdir = tmp_path / "termed"
+    handler = signal.getsignal(signal.SIGTERM)
+    with monkeypatch.context() as patch:
+        patch.setattr(grpo, "jit_train_step", signalling_jit)
+        with pytest.raises(SystemExit) as stopped:
+            train.main(config(), str(workdir))
+    assert stopped.value.code == 143 and stopped.value.step == 2
+    assert signal.getsignal(signal.SIGTERM) == handler  # the loop's handler is gone with it
+    checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", read_only=True)
+    assert checkpointer.all_steps() == [2]
+    assert [r["step"] for r in rows(workdir)] == [1, 2]
+    train.main(config(), str(workdir))
+    assert comparable(workdir) == comparable(straight)
+    for a, b in zip(jax.tree.leaves(ckpt_lib.load_params(straight / "checkpoints", subtree=None)),
+                    jax.tree.leaves(ckpt_lib.load_params(workdir / "checkpoints", subtree=None))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+class FailingOnce:
+    """A benchmark whose every task's first two episodes fail to open (a sandbox that does not start
+    under load); everything else is the wrapped benchmark's."""
+
+    def __init__(self, bench):
+        self.bench, self.opened = bench, {}
+
+    def __getattr__(self, name):
+        return getattr(self.bench, name)
+
+    def make_episode(self, task, spec, **kwargs):
+        episode = self.bench.make_episode(task, spec, **kwargs)
+        self.opened[task.task_id] = self.opened.get(task.task_id, 0) + 1
+        if self.opened[task.task_id] <= 2:
+            def fail():
+                raise OSError("the sandbox did not start")
+            episode._open = fail
+        return episode
+
+
+def test_environment_failures_are_run_again_with_their_seeds_and_change_nothing(one_step_off, tmp_path, monkeypatch):
+    """The training runner re-runs an episode whose environment failed with its own episode seed, so
+    a run whose sandboxes fail to start sometimes trains exactly as one whose sandboxes never fail;
+    the re-runs are counted, not as rollouts."""
+    straight, _ = one_step_off
+    make_benchmark = builders.make_benchmark
+    monkeypatch.setattr(builders, "make_benchmark", lambda config: FailingOnce(make_benchmark(config)))
+    workdir = tmp_path / "flaky"
+    train.main(async_config(3, staleness=1), str(workdir))
+    without = lambda w: [{k: v for k, v in r.items() if k != "rollouts/env_reruns"} for r in comparable(w)]
+    assert without(workdir) == without(straight)
+    reruns = [r["rollouts/env_reruns"] for r in rows(workdir)]
+    assert reruns[0] > 0 and all(r["rollouts/env_errors"] == 0 for r in rows(workdir))
+    assert all(r["rollouts/env_reruns"] == 0 for r in rows(straight))
+    for a, b in zip(jax.tree.leaves(ckpt_lib.load_params(straight / "checkpoints", subtree=None)),
+                    jax.tree.leaves(ckpt_lib.load_params(workdir / "checkpoints", subtree=None))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

@@ -30,6 +30,48 @@ def test_jobs_run_in_order_in_batches_and_are_counted():
     assert runner.results(jobs[:3]) == [t.result for t in trajs[:3]] and runner.rollouts == 13
 
 
+class FlakyEnvironments:
+    """Episodes of the tasks in `failures` ({task id: times}) fail to open that many times: a
+    sandbox that does not start under load (or, with a large count, a broken task)."""
+
+    def __init__(self, bench, failures):
+        self.bench, self.failures, self.opened = bench, dict(failures), {}
+
+    def make_episode(self, task, spec, **kwargs):
+        episode = self.bench.make_episode(task, spec, **kwargs)
+        seen = self.opened.get(task.task_id, 0)
+        self.opened[task.task_id] = seen + 1
+        if seen < self.failures.get(task.task_id, 0):
+            def fail():
+                raise OSError("the sandbox did not start")
+            episode._open = fail
+        return episode
+
+
+def test_an_environment_failure_is_run_again_with_its_own_seed_and_one_that_persists_is_kept():
+    bench = DBBench()
+    base = bench.load_pool().base
+    tasks = bench.load_split("dev", limit=6)
+    jobs = [Job(base, t, i) for i, t in enumerate(tasks)]
+    agent = NoisyAgent({"format_slip": 0.4, "skip_schema": 0.4}, seed=3)
+    clean = EpisodeRunner(bench.make_episode, agent, SamplingParams(), batch_size=4).results(jobs)
+    # Task 1 fails twice (a transient failure, within the two re-runs), task 4 three times (it persists).
+    flaky = FlakyEnvironments(bench, {tasks[1].task_id: 2, tasks[4].task_id: 3})
+    runner = EpisodeRunner(flaky.make_episode, agent, SamplingParams(), batch_size=4, env_retries=2)
+    got = runner.results(jobs)
+    strip = lambda r: {k: v for k, v in r.items() if k != "env_reruns"}
+    assert [strip(r) for i, r in enumerate(got) if i != 4] == [r for i, r in enumerate(clean) if i != 4]
+    assert got[1]["env_reruns"] == 2 and got[4]["env_reruns"] == 2
+    assert "env_reruns" not in got[0]
+    assert got[4]["status"] == "env_error" and "the sandbox did not start" in got[4]["error"]
+    assert runner.rollouts == 6 and runner.env_reruns == 4 and runner.env_failures == 1
+    assert flaky.opened[tasks[1].task_id] == 3 and flaky.opened[tasks[0].task_id] == 1
+    # Without re-runs (the default of a bare runner) the failures are returned as they came.
+    flaky = FlakyEnvironments(bench, {tasks[1].task_id: 1})
+    once = EpisodeRunner(flaky.make_episode, agent, SamplingParams()).results(jobs)
+    assert once[1]["status"] == "env_error" and flaky.opened[tasks[1].task_id] == 1
+
+
 def test_a_scripted_agent_replays_its_slips_per_sample_index():
     bench = DBBench()
     base = bench.load_pool().base
