@@ -185,7 +185,9 @@ class FailingOnce:
 def test_environment_failures_are_run_again_with_their_seeds_and_change_nothing(one_step_off, tmp_path, monkeypatch):
     """The training runner re-runs an episode whose environment failed with its own episode seed, so
     a run whose sandboxes fail to start sometimes trains exactly as one whose sandboxes never fail;
-    the re-runs are counted, not as rollouts."""
+    the re-runs are counted, not as rollouts. (The warm start samples nearly deterministically, so
+    that the re-runs keep their episode seeds is checked with a random model in
+    tests/rollout/test_runner.py.)"""
     straight, _ = one_step_off
     make_benchmark = builders.make_benchmark
     monkeypatch.setattr(builders, "make_benchmark", lambda config: FailingOnce(make_benchmark(config)))

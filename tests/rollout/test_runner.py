@@ -1,10 +1,14 @@
 """The one episode runner: jobs in order, batches, rollouts counted, progress, records."""
 import json
 
+import numpy as np
+
 from harness_envs.dbbench.agents import NoisyAgent, OracleAgent
 from harness_envs.dbbench.benchmark import DBBench
 from hsjax.policies.base import SamplingParams
+from hsjax.policies.jax_policy import JaxPolicy
 from hsjax.rollout.runner import EpisodeRunner, Job, episode_record
+from tests.rollout.test_rollout import tiny_model, tokenizer  # noqa: F401
 
 
 class Counter:
@@ -70,6 +74,25 @@ def test_an_environment_failure_is_run_again_with_its_own_seed_and_one_that_pers
     flaky = FlakyEnvironments(bench, {tasks[1].task_id: 1})
     once = EpisodeRunner(flaky.make_episode, agent, SamplingParams()).results(jobs)
     assert once[1]["status"] == "env_error" and flaky.opened[tasks[1].task_id] == 1
+
+
+def test_a_token_policy_re_runs_a_failed_environment_to_the_tokens_it_would_have_sampled(tiny_model, tokenizer):
+    # A random tiny model sampled at temperature 1: any other seed gives other tokens.
+    cfg, params = tiny_model
+    bench = DBBench()
+    base = bench.load_pool().base
+    tasks = bench.load_split("dev", limit=4)
+    jobs = [Job(base, t) for t in tasks]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8)
+
+    def tokens(make_episode, retries):
+        policy = JaxPolicy(cfg, params, tokenizer, seed=0, batch_buckets=(8,))
+        trajs = EpisodeRunner(make_episode, policy, sampling, env_retries=retries).run(jobs)
+        return [np.concatenate([s.tokens for s in t.segments]).tolist() for t in trajs]
+
+    clean = tokens(bench.make_episode, 0)
+    flaky = FlakyEnvironments(bench, {tasks[2].task_id: 1})
+    assert tokens(flaky.make_episode, 1) == clean and flaky.opened[tasks[2].task_id] == 2
 
 
 def test_a_scripted_agent_replays_its_slips_per_sample_index():
