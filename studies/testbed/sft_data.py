@@ -195,10 +195,13 @@ def cached_expert_streams(jobs, pool, tokenizer, config, bench, workdir: str):
     if os.path.exists(path):
         with np.load(path) as f:
             if str(f["key"]) == key:
-                ends = np.cumsum(f["lengths"])
-                starts = ends - f["lengths"]
-                segments = [Segment(f["tokens"][a:b].astype(np.int32), f["loss_mask"][a:b].astype(np.int32),
-                                    np.zeros(b - a, np.float32)) for a, b in zip(starts, ends)]
+                # Each `f[name]` decompresses the whole array again: read each once, not once a stream
+                # (the 28,800 streams of v4's r0b read for over 15 minutes before this).
+                lengths, tokens, loss_mask = f["lengths"], f["tokens"].astype(np.int32), f["loss_mask"].astype(np.int32)
+                ends = np.cumsum(lengths)
+                starts = ends - lengths
+                segments = [Segment(tokens[a:b], loss_mask[a:b], np.zeros(b - a, np.float32))
+                            for a, b in zip(starts, ends)]
                 console.say(f"SFT data: {len(segments)} expert streams read from {path}")
                 return segments, records
         log.warning("%s was made for other jobs or harnesses; rolling the expert out again", path)
