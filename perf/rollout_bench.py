@@ -5,6 +5,10 @@ sampling at temperature 1 with no top-k/top-p on both sides and no end-of-sequen
 row generates exactly 128 tokens. Both sides are timed end to end (prefill + decode), after a
 warm-up call (JAX compilation, torch first-call costs); the median of `--reps` runs is reported.
 
+`--hf-dir DIR` times a real model's weights instead (e.g. SmolLM2-135M-Instruct,
+`.cache/models/smollm2-135m-instruct` from scripts/fetch_smollm2.sh), on the CPU, against
+transformers loading the same directory.
+
 GPU (`--gpu`): a Qwen2-0.5B-shaped random model in bf16, prompt 512, 256 new tokens, batch 64.
 Reports tokens/s, the decode step time (from a 256-token and a 1-token run), and decode
 throughput as a fraction of the HBM roofline: bytes read per decode step (all weights + the KV
@@ -13,10 +17,12 @@ With torch + CUDA available, transformers `generate` runs side by side.
 
     python perf/rollout_bench.py                    # CPU table
     python perf/rollout_bench.py --gpu --out r.json # GPU row, JSON to r.json
+    python perf/rollout_bench.py --hf-dir .cache/models/smollm2-135m-instruct --batches 8 --prompt 1024 --new 32 --reps 1
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -33,6 +39,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from hsjax.infra.model_loading import load_model
 from hsjax.models import get_preset, init_params, save_pretrained
 from hsjax.policies.base import SamplingParams
 from hsjax.policies.sampler import Sampler
@@ -99,11 +106,17 @@ def cpu_bench(args):
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
-    cfg = get_preset(args.preset or "small20m")
-    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
+    if args.hf_dir:
+        cfg, params, _, _ = load_model(args.hf_dir)
+        weights = contextlib.nullcontext(args.hf_dir)
+    else:
+        cfg = get_preset(args.preset or "small20m")
+        params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
+        weights = tempfile.TemporaryDirectory()
     rows = []
-    with tempfile.TemporaryDirectory() as hf_dir:
-        save_pretrained(params, cfg, None, hf_dir)
+    with weights as hf_dir:
+        if not args.hf_dir:
+            save_pretrained(params, cfg, None, hf_dir)
         for batch in args.batches:
             jax_s, compile_s = time_jax(cfg, params, batch, args.prompt, args.new, args.reps,
                                         kv_dtype=args.kv_dtype)
@@ -124,7 +137,7 @@ def cpu_bench(args):
                    "speedup": hf_s / jax_s if hf_s else None}
             rows.append(row)
             print(_cpu_row(row), flush=True)
-    return {"mode": "cpu", "model": args.preset or "small20m", "num_params": cfg.num_params,
+    return {"mode": "cpu", "model": args.hf_dir or args.preset or "small20m", "num_params": cfg.num_params,
             "rows": rows}
 
 
@@ -198,6 +211,7 @@ def main(argv=None):
     parser.add_argument("--gpu", action="store_true", help="Qwen2-0.5B-shaped bf16 run")
     parser.add_argument("--out", help="also write the results as JSON here")
     parser.add_argument("--preset", help="model preset (default small20m, or qwen2_0p5b with --gpu)")
+    parser.add_argument("--hf-dir", help="CPU: a real model's HF directory instead of a preset's random weights")
     parser.add_argument("--batches", type=int, nargs="+")
     parser.add_argument("--prompt", type=int)
     parser.add_argument("--new", type=int)
