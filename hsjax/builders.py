@@ -89,8 +89,8 @@ def make_runner(config, bench: Benchmark, policy, *, runner: str = "runner", sam
     """The episode runner of every mode: `bench`'s episodes played by `policy`, with the runner
     settings of the block `config[runner]` (`batch_size`, where absent: `ONE_BATCH`, each call's
     jobs in one batch; `env_workers`; the context budgets `max_context_tokens` and
-    `max_context_chars`, where absent: none; `env_retries`, where absent: `runner.ENV_RETRIES`) and the sampling of `config[sampling]` seeded with
-    `config.seed`. `sharded`: each call's jobs split across the processes of a multi-process run
+    `max_context_chars`, where absent: none; `env_retries`, where absent: `runner.ENV_RETRIES`) and
+    the sampling of `config[sampling]` seeded with `config.seed`. `sharded`: each call's jobs split across the processes of a multi-process run
     (`ProcessShardedRunner`); `progress`: a bar updated after each batch."""
     block = config[runner]
     cls = ProcessShardedRunner if sharded else EpisodeRunner

@@ -100,8 +100,8 @@ CHECKS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("num_samples", *SAMPLES), ("eval.num_samples", *SAMPLES),  # sampled evaluation: pass@k, mean@k
     # patience: a zero or negative timeout fails every request at once
     ("*.timeout", *POSITIVE), ("*timeout_s", *POSITIVE), ("*.time_budget_s", *POSITIVE), ("*.wall_s", *POSITIVE),
-    ("*.cpu_s", *POSITIVE), ("*.max_retries", *NON_NEGATIVE), ("*.env_retries", *NON_NEGATIVE), ("*.backoff", *NON_NEGATIVE),
-    ("*.max_backoff", *NON_NEGATIVE), ("*.max_consecutive_failures", *NON_NEGATIVE),
+    ("*.cpu_s", *POSITIVE), ("*.max_retries", *NON_NEGATIVE), ("*.env_retries", *NON_NEGATIVE),
+    ("*.backoff", *NON_NEGATIVE), ("*.max_backoff", *NON_NEGATIVE), ("*.max_consecutive_failures", *NON_NEGATIVE),
     # names that become file names under the workdir (eval/<name>.json, eval/<split>_step<N>.json)
     ("name", *NAME), ("eval.split", *NAME), ("eval.extra_splits", *NAME),
 )

@@ -93,10 +93,10 @@ class EpisodeRunner:
                 failed = [i for i, t in enumerate(trajectories) if env_failed(t)]
                 if not failed:
                     break
-                for i in failed:
-                    log.warning("episode of task %s under %s: the environment failed (%s); running it again "
-                                "(%d of %d)", chunk[i].task.task_id, chunk[i].spec.name,
-                                trajectories[i].result.get("error"), attempt + 1, self.env_retries)
+                # One line per attempt, not per episode: a batch past the machine's sandbox uids fails thousands.
+                log.warning("%d episodes' environments failed (first: task %s under %s, %s); running them again "
+                            "(%d of %d)", len(failed), chunk[failed[0]].task.task_id, chunk[failed[0]].spec.name,
+                            trajectories[failed[0]].result.get("error"), attempt + 1, self.env_retries)
                 again = self._collect([chunk[i] for i in failed], [seeds[i] for i in failed], sampling)
                 for i, traj in zip(failed, again):
                     traj.result["env_reruns"] = attempt + 1  # so counts survive a multi-process gather

@@ -44,4 +44,5 @@ def regime_of(config: Mapping) -> str:
 
 
 def roles_of(config: Mapping) -> LookupRoles:
+    """The roles of the run's regime (`regime_of`)."""
     return ROLES[regime_of(config)]

@@ -5,8 +5,8 @@
 The behaviour Harness-S should internalise is a policy action the base harness accepts: on a
 hidden-name task, look the name up first (`SHOW TABLES` in the names regime; in the API regime, a
 cell that lists the app's APIs; the run's regime is read off its config, `lookup.roles_of`).
-Sampled opening rates (the gates, the training evaluations) see a shift only in steps of 1/n; the log p of that reply on a fixed set of prompts
-moves with every update. The prompts are the base harness's first-turn contexts of `--prompts`
+Sampled opening rates (the gates, the training evaluations) see a shift only in steps of 1/n; the
+log p of that reply on a fixed set of prompts moves with every update. The prompts are the base harness's first-turn contexts of `--prompts`
 hidden-name tasks of the run's evaluation split (its `eval.task_seed`), the reply the scripted
 expert's lookup opening (`LookupRoles.look_up`) in exactly that context (its text + end-of-turn,
 as the rollout engine records a reply). Every checkpoint the run kept is scored, and the warm start as step 0.

@@ -18,6 +18,7 @@ from hsjax.infra import experiments
 from hsjax.modes import train
 from hsjax.rl import grpo
 from tests.modes.test_train import StoppedAfterCheckpoint, stopped_after_checkpoint
+from tests.rollout.test_runner import FlakyEnvironments
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 # Timings, throughput and memory differ between runs; rollout/staleness is what the arms differ in.
@@ -162,26 +163,6 @@ def test_sigterm_saves_the_step_in_flight_and_the_run_resumes_exactly(one_step_o
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-class FailingOnce:
-    """A benchmark whose every task's first two episodes fail to open (a sandbox that does not start
-    under load); everything else is the wrapped benchmark's."""
-
-    def __init__(self, bench):
-        self.bench, self.opened = bench, {}
-
-    def __getattr__(self, name):
-        return getattr(self.bench, name)
-
-    def make_episode(self, task, spec, **kwargs):
-        episode = self.bench.make_episode(task, spec, **kwargs)
-        self.opened[task.task_id] = self.opened.get(task.task_id, 0) + 1
-        if self.opened[task.task_id] <= 2:
-            def fail():
-                raise OSError("the sandbox did not start")
-            episode._open = fail
-        return episode
-
-
 def test_environment_failures_are_run_again_with_their_seeds_and_change_nothing(one_step_off, tmp_path, monkeypatch):
     """The training runner re-runs an episode whose environment failed with its own episode seed, so
     a run whose sandboxes fail to start sometimes trains exactly as one whose sandboxes never fail;
@@ -190,7 +171,7 @@ def test_environment_failures_are_run_again_with_their_seeds_and_change_nothing(
     tests/rollout/test_runner.py.)"""
     straight, _ = one_step_off
     make_benchmark = builders.make_benchmark
-    monkeypatch.setattr(builders, "make_benchmark", lambda config: FailingOnce(make_benchmark(config)))
+    monkeypatch.setattr(builders, "make_benchmark", lambda config: FlakyEnvironments(make_benchmark(config), 2))
     workdir = tmp_path / "flaky"
     train.main(async_config(3, staleness=1), str(workdir))
     without = lambda w: [{k: v for k, v in r.items() if k != "rollouts/env_reruns"} for r in comparable(w)]

@@ -35,17 +35,22 @@ def test_jobs_run_in_order_in_batches_and_are_counted():
 
 
 class FlakyEnvironments:
-    """Episodes of the tasks in `failures` ({task id: times}) fail to open that many times: a
-    sandbox that does not start under load (or, with a large count, a broken task)."""
+    """`bench` whose episodes of the tasks in `failures` ({task id: times}; an int: every task) fail
+    to open that many times: a sandbox that does not start under load (or, with a large count, a
+    broken task). Everything else is `bench`'s."""
 
     def __init__(self, bench, failures):
-        self.bench, self.failures, self.opened = bench, dict(failures), {}
+        self.bench, self.failures, self.opened = bench, failures, {}
+
+    def __getattr__(self, name):
+        return getattr(self.bench, name)
 
     def make_episode(self, task, spec, **kwargs):
         episode = self.bench.make_episode(task, spec, **kwargs)
         seen = self.opened.get(task.task_id, 0)
         self.opened[task.task_id] = seen + 1
-        if seen < self.failures.get(task.task_id, 0):
+        times = self.failures if isinstance(self.failures, int) else self.failures.get(task.task_id, 0)
+        if seen < times:
             def fail():
                 raise OSError("the sandbox did not start")
             episode._open = fail
