@@ -58,14 +58,17 @@ class EpisodeRunner:
 
     `make_episode(task, spec, sample_index=...)` builds one episode (a benchmark's `make_episode`).
     `batch_size`: episodes per `engine.collect` call; `ONE_BATCH` (None): all of a call's jobs at once.
-    `env_retries`: re-runs of an episode whose environment failed (module docstring; 0: none).
-    `progress` (optional, e.g. a tqdm bar) gets `update(n)` after each batch. `max_context_tokens` and
+    `env_retries`: re-runs of an episode whose environment failed (module docstring; 0: none);
+    `on_rerun(traj)`, if given, is called with each failed trajectory before its episode runs again
+    (e.g. to drop what a recording policy kept of it).
+    `progress` (optional, e.g. a tqdm bar) gets `update(n)` after each batch and each re-run; its
+    `total` grows by the re-runs, so a bar counts every episode run and ends full. `max_context_tokens` and
     `max_context_chars` (chat policies) are `engine.collect`'s context budgets; 0 or None: none.
     """
 
     def __init__(self, make_episode: Callable, policy, sampling: SamplingParams, *, batch_size: int | None = 256,
                  env_workers: int = 4, max_context_tokens: int | None = None, max_context_chars: int | None = None,
-                 progress=None, env_retries: int = 0):
+                 progress=None, env_retries: int = 0, on_rerun: Callable[[engine.Trajectory], None] | None = None):
         self.make_episode, self.policy, self.sampling = make_episode, as_policy(policy), sampling
         self.batch_size = None if batch_size is None else max(1, int(batch_size))
         self.env_workers = int(env_workers)
@@ -73,6 +76,7 @@ class EpisodeRunner:
         self.max_context_chars = max_context_chars or None
         self.progress = progress
         self.env_retries = int(env_retries)
+        self.on_rerun = on_rerun
         self.rollouts = 0
         self.env_reruns = 0
         self.env_failures = 0
@@ -97,7 +101,14 @@ class EpisodeRunner:
                 log.warning("%d episodes' environments failed (first: task %s under %s, %s); running them again "
                             "(%d of %d)", len(failed), chunk[failed[0]].task.task_id, chunk[failed[0]].spec.name,
                             trajectories[failed[0]].result.get("error"), attempt + 1, self.env_retries)
+                if self.on_rerun is not None:
+                    for i in failed:
+                        self.on_rerun(trajectories[i])
+                if self.progress is not None:
+                    self.progress.total += len(failed)
                 again = self._collect([chunk[i] for i in failed], [seeds[i] for i in failed], sampling)
+                if self.progress is not None:
+                    self.progress.update(len(failed))
                 for i, traj in zip(failed, again):
                     traj.result["env_reruns"] = attempt + 1  # so counts survive a multi-process gather
                     trajectories[i] = traj
@@ -145,8 +156,9 @@ class ProcessShardedRunner(EpisodeRunner):
 
 
 def env_failed(traj: engine.Trajectory) -> bool:
-    """Whether the episode ended because its environment, not its agent, failed."""
-    return traj.result.get("status") == engine.ENV_ERROR
+    """Whether the episode ended because its environment, not its agent, failed: the episode says so
+    (its status), or the engine ended it when its `step` raised (its abort reason)."""
+    return engine.ENV_ERROR in (traj.result.get("status"), traj.abort_reason)
 
 
 def episode_record(traj: engine.Trajectory, max_chars: int = MAX_RECORD_CHARS) -> dict:

@@ -109,32 +109,15 @@ def expected_to_fail(task, harness: str, style: str, kind: str = "types") -> boo
     return acts and style in expert_lib.GIVES_UP_WITHOUT_REMINDER and harness != expert_lib.RESCUER[style]
 
 
-ENV_RETRIES = 2  # re-rolls of an expert episode whose environment failed (a sandbox that did not start)
+# An expert episode whose environment failed (`env_error`: the machine's fault, not the expert's, e.g.
+# a sandbox start under load) is re-rolled by the runner up to this many times, with its recorded turns
+# dropped, so one flake among thousands of episodes does not end a warm start; a failure that persists
+# is named by `expert_streams`.
+ENV_RETRIES = 2
 # Expert episodes open at once. Every open AppWorld-protocol episode holds a sandbox (a leased uid of
 # 4,096, a tmpfs): as one batch, the API regime's 6,400 episodes of a style ran out of uids. The
 # scripted expert needs no batch for speed, and the episodes do not depend on it (seeds are per job).
 EXPERT_BATCH = 256
-
-
-def _expert_episodes(runner: EpisodeRunner, expert, jobs: list[Job]) -> list:
-    """The expert's trajectories of `jobs`, in order. An episode whose environment failed
-    (`env_error`: the machine's fault, not the expert's, e.g. a sandbox start under load) is re-rolled
-    up to ENV_RETRIES times, so one flake among thousands of episodes does not end a warm start;
-    the failed episodes' recorded turns are dropped. A failure that persists is left to the caller."""
-    trajs = runner.run(jobs)
-    for attempt in range(ENV_RETRIES):
-        failed = [i for i, t in enumerate(trajs) if t.result["failure_mode"] == "env_error"]
-        if not failed:
-            break
-        for i in failed:
-            log.warning("expert episode %s: the environment failed (%s); re-rolling it (%d of %d)",
-                        trajs[i].result["task_id"], trajs[i].result.get("error"), attempt + 1, ENV_RETRIES)
-            expert.turns.pop(trajs[i].episode_id, None)
-        if runner.progress is not None:  # the re-rolls are episodes the bar counts again
-            runner.progress.total += len(failed)
-        for i, traj in zip(failed, runner.run([jobs[i] for i in failed])):
-            trajs[i] = traj
-    return trajs
 
 
 def job_records(jobs) -> list[dict]:
@@ -156,8 +139,9 @@ def expert_streams(jobs, pool, tokenizer, config, bench):
     for style, indices in by_style.items():
         expert = RecordingChatPolicy(bench.make_agent("expert", default_style=style, **options))
         runner = EpisodeRunner(bench.make_episode, expert, SamplingParams(), batch_size=EXPERT_BATCH,
-                               env_workers=config.sft.env_workers, progress=bar)
-        trajs = _expert_episodes(runner, expert, [Job(pool[jobs[i][1]], jobs[i][0]) for i in indices])
+                               env_workers=config.sft.env_workers, progress=bar, env_retries=ENV_RETRIES,
+                               on_rerun=lambda traj: expert.turns.pop(traj.episode_id, None))
+        trajs = runner.run([Job(pool[jobs[i][1]], jobs[i][0]) for i in indices])
         for i, traj in zip(indices, trajs):
             task, harness, _ = jobs[i]
             if not traj.result["success"] and not expected_to_fail(task, harness, style, config.regime.kind):

@@ -81,6 +81,56 @@ def test_an_environment_failure_is_run_again_with_its_own_seed_and_one_that_pers
     assert once[1]["status"] == "env_error" and flaky.opened[tasks[1].task_id] == 1
 
 
+class Bar(Counter):
+    """A progress bar as the runner uses it: `update(n)` and a `total`."""
+
+    def __init__(self, total):
+        super().__init__()
+        self.total = total
+
+
+class StepRaises:
+    """An episode whose `step` raises: an environment bug outside the episode's own error handling,
+    which the engine ends as `env_error` (the episode's status says `aborted`)."""
+
+    def __init__(self, episode):
+        self.episode = episode
+
+    def __getattr__(self, name):
+        return getattr(self.episode, name)
+
+    def step(self, text):
+        raise OSError("the database went away")
+
+
+def test_a_re_run_is_announced_counted_by_the_bar_and_an_engine_abort_is_an_environment_failure():
+    bench = DBBench()
+    base = bench.load_pool().base
+    tasks = bench.load_split("dev", limit=4)
+    jobs = [Job(base, t) for t in tasks]
+    clean = EpisodeRunner(bench.make_episode, OracleAgent(), SamplingParams()).results(jobs)
+    flaky = FlakyEnvironments(bench, {tasks[0].task_id: 1, tasks[3].task_id: 2})
+    made = []
+
+    def make_episode(task, spec, **kwargs):  # task 2's first episode raises in its first step
+        made.append(task.task_id)
+        episode = flaky.make_episode(task, spec, **kwargs)
+        return StepRaises(episode) if made.count(task.task_id) == 1 and task is tasks[2] else episode
+
+    announced, bar = [], Bar(total=len(jobs))
+    runner = EpisodeRunner(make_episode, OracleAgent(), SamplingParams(), batch_size=2, env_retries=2,
+                           progress=bar, on_rerun=lambda traj: announced.append((traj.result["task_id"], traj.episode_id)))
+    got = runner.results(jobs)
+    strip = lambda r: {k: v for k, v in r.items() if k != "env_reruns"}
+    assert [strip(r) for r in got] == clean
+    assert [task_id for task_id, _ in announced] == [tasks[0].task_id, tasks[2].task_id, tasks[3].task_id,
+                                                     tasks[3].task_id]
+    assert all(episode_id for _, episode_id in announced)
+    # The bar counts every episode run, the re-runs too, and ends full.
+    assert bar.total == len(jobs) + 4 and sum(bar.updates) == bar.total
+    assert runner.rollouts == 4 and runner.env_reruns == 4 and runner.env_failures == 0
+
+
 def test_a_token_policy_re_runs_a_failed_environment_to_the_tokens_it_would_have_sampled(tiny_model, tokenizer):
     # A random tiny model sampled at temperature 1: any other seed gives other tokens.
     cfg, params = tiny_model

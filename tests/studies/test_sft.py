@@ -31,6 +31,7 @@ from hsjax.models.tokenizer import build_tiny_tokenizer
 from hsjax.rollout.engine import collect
 
 from experiments import testbed
+from tests.rollout.test_runner import FlakyEnvironments
 
 BASE = KNOBS.base()
 
@@ -275,27 +276,6 @@ def test_resuming_with_other_sft_data_is_refused(tmp_path):
         sft.main(c, workdir)
 
 
-class _FlakyBench:
-    """A benchmark whose environment fails to open the first `failures` times for each task: a
-    sandbox that does not start under load."""
-
-    def __init__(self, bench, failures: int):
-        self.bench, self.failures, self.opened = bench, failures, {}
-
-    def __getattr__(self, name):
-        return getattr(self.bench, name)
-
-    def make_episode(self, task, spec, *args, **kwargs):
-        episode = self.bench.make_episode(task, spec, *args, **kwargs)
-        seen = self.opened.get(task.task_id, 0)
-        self.opened[task.task_id] = seen + 1
-        if seen < self.failures:
-            def fail():
-                raise OSError("the sandbox did not start")
-            episode._open = fail
-        return episode
-
-
 class _Bar:
     """A progress bar that keeps its count and total (tqdm's interface as the runner uses it)."""
     made = []
@@ -318,7 +298,7 @@ def test_expert_streams_re_roll_an_environment_failure_and_name_one_that_persist
     bench = Synth()
     pool = bench.load_pool()
     clean, _ = sft_data.expert_streams(jobs, pool, tokenizer, c, bench)
-    flaky = _FlakyBench(bench, failures=sft_data.ENV_RETRIES)
+    flaky = FlakyEnvironments(bench, sft_data.ENV_RETRIES)
     monkeypatch.setattr(sft_data.tqdm, "tqdm", _Bar)
     segments, records = sft_data.expert_streams(jobs, pool, tokenizer, c, flaky)
     assert set(flaky.opened.values()) == {sft_data.ENV_RETRIES + 1}
@@ -327,7 +307,7 @@ def test_expert_streams_re_roll_an_environment_failure_and_name_one_that_persist
     assert bar.n == bar.total == len(jobs) * (sft_data.ENV_RETRIES + 1)
     assert len(segments) == len(clean) and all(np.array_equal(a.tokens, b.tokens) for a, b in zip(segments, clean))
     with pytest.raises(RuntimeError, match="env_error: .*the sandbox did not start"):
-        sft_data.expert_streams(jobs, pool, tokenizer, c, _FlakyBench(bench, failures=sft_data.ENV_RETRIES + 1))
+        sft_data.expert_streams(jobs, pool, tokenizer, c, FlakyEnvironments(bench, sft_data.ENV_RETRIES + 1))
 
 
 def test_expert_streams_open_at_most_a_bounded_batch_of_episodes_and_do_not_depend_on_it(tokenizer, monkeypatch):
@@ -358,7 +338,7 @@ def test_a_resumed_warm_start_reads_its_expert_streams_instead_of_rolling_out_ag
     first, records = sft_data.cached_expert_streams(jobs, pool, tokenizer, c, bench, str(tmp_path))
     assert (tmp_path / sft_data.STREAMS_FILE).exists()
     # A benchmark whose environment never opens: the streams can only come from the file.
-    again, records_again = sft_data.cached_expert_streams(jobs, pool, tokenizer, c, _FlakyBench(bench, failures=99),
+    again, records_again = sft_data.cached_expert_streams(jobs, pool, tokenizer, c, FlakyEnvironments(bench, 99),
                                                      str(tmp_path))
     assert records_again == records and len(again) == len(first)
     for a, b in zip(again, first):
@@ -367,4 +347,4 @@ def test_a_resumed_warm_start_reads_its_expert_streams_instead_of_rolling_out_ag
         assert not a.logprobs.any() and not b.logprobs.any()
     # Other jobs make other streams: the file is not read for them.
     with pytest.raises(RuntimeError, match="the sandbox did not start"):
-        sft_data.cached_expert_streams(jobs[:-1], pool, tokenizer, c, _FlakyBench(bench, failures=99), str(tmp_path))
+        sft_data.cached_expert_streams(jobs[:-1], pool, tokenizer, c, FlakyEnvironments(bench, 99), str(tmp_path))
