@@ -144,6 +144,8 @@ def router() -> ConfigDict:
         # and a sibling's score is multiplied by (its share of valid rescues) ** validity_weight.
         "validity": "off",  # off | replay
         "validity_weight": 1.0,
+        # replay: a sibling whose share of valid rescues is below this is not chosen (0: off; <= 0.5).
+        "validity_floor": 0.0,
         "decay": 0.9,
         "reanchor_every": 10,
         "voters": (),  # dicts of hsjax.harness_s.router.voters.VoterSpec fields

@@ -124,7 +124,7 @@ def unread(block, path: str = "rescue") -> dict[str, str]:
 
 def build_harness_s_rescuer(r, pool, k: int, extra_voters=(), *, seed: int = 0) -> HarnessSRescuer:
     """The Harness-S rescuer from a `router` block (aggregation, profile_weight, explore, selection,
-    tie_break, validity, validity_weight, decay, reanchor_every, voters: list of VoterSpec field
+    tie_break, validity, validity_weight, validity_floor, decay, reanchor_every, voters: list of VoterSpec field
     dicts) over the sibling specs `pool`; `seed` seeds its random choices (the run's seed)."""
     profiles = Profiles.from_pool(pool)
     voters = []
@@ -144,5 +144,6 @@ def build_harness_s_rescuer(r, pool, k: int, extra_voters=(), *, seed: int = 0) 
     router = Router([s.name for s in pool], profiles, voters, k=k, aggregation=r.aggregation,
                     profile_weight=r.profile_weight, explore=r.explore, decay=r.decay,
                     reanchor_every=r.reanchor_every, selection=r.selection, tie_break=r.tie_break,
-                    seed=seed, validity_weight=r.validity_weight if r.validity == "replay" else 0.0)
+                    seed=seed, validity_weight=r.validity_weight if r.validity == "replay" else 0.0,
+                    validity_floor=r.validity_floor if r.validity == "replay" else 0.0)
     return HarnessSRescuer(pool, router)

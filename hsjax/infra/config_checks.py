@@ -87,6 +87,7 @@ CHECKS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("router.tie_break", lambda v: v in ("shuffle", "name"), "one of 'shuffle', 'name'"),
     ("router.validity", lambda v: v in ("off", "replay"), "one of 'off', 'replay'"),
     ("router.validity_weight", *NON_NEGATIVE),
+    ("router.validity_floor", lambda v: 0 <= v <= 0.5, "in [0, 0.5] (0 = off; docs/harness_s.md, \"Router\")"),
     # how many tasks: Python slicing makes a negative limit "all but the last n", silently
     ("limit", *TASK_LIMIT), ("*.limit", *TASK_LIMIT), ("*.profile_limit", *TASK_LIMIT),
     ("runner.max_context_tokens", *NON_NEGATIVE), ("runner.max_context_chars", *NON_NEGATIVE),

@@ -59,7 +59,7 @@ def unread(config) -> dict[str, str]:
     if "router" in config and config.router.selection == "thompson":
         out["router.explore"] = "router.selection=thompson draws from the posteriors instead of a bonus"
     if "router" in config and config.router.validity == "off":
-        out["router.validity_weight"] = "router.validity=off"
+        out["router.validity_weight"] = out["router.validity_floor"] = "router.validity=off"
     if "distributed" in config and not config.distributed.enabled:
         for key in ("coordinator_address", "num_processes", "process_id", "initialization_timeout_s"):
             out[f"distributed.{key}"] = "distributed.enabled=False"

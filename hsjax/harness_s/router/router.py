@@ -21,6 +21,12 @@ router's seed and those three alone, so a resumed run decides exactly as the uni
 Validity (`validity_weight` w > 0): score(h) is multiplied by validity(h)**w, the posterior share of
 h's checked successful rescues that were valid base trajectories (`hsjax.harness_s.replay`), so a
 sibling whose rescues rest on what only it shows the policy loses rank as the evidence comes in.
+Down-weighting alone does not keep such a sibling out of the top k when fewer than k siblings rescue
+at all (testbed v3: `schema_reminder`, 1.8 of 16.2 rescues valid, was still second of two in every
+decision). `validity_floor` f > 0 excludes a sibling whose validity is below f, and the group gets
+fewer siblings rather than that one. f is at most 0.5, the validity of a sibling with nothing
+checked, so an unchecked sibling is never excluded; at 0.5 a sibling is out once more of its
+checked rescues were invalid than valid, and back when re-anchoring's decay brings it to 0.5.
 
 Outcomes of the rescue rollouts feed back twice: into the profiles (the sibling's Beta counts for
 the task type and the base group's failure mode) and into each voter's record, for `weighted`
@@ -71,7 +77,7 @@ class Router:
     `voters`: VoterSpecs (or LLMVoters). `reanchor_every` = R steps (0: never by itself);
     `decay`: factor applied to profile and voter counts at each re-anchoring; `online`: fold rescue
     outcomes into the profiles as they arrive (True) or buffer them until the next re-anchoring.
-    `selection`, `tie_break`, `seed` and `validity_weight`: the module doc.
+    `selection`, `tie_break`, `seed`, `validity_weight` and `validity_floor`: the module doc.
     """
 
     def __init__(self, pool_names: Sequence[str], profiles: Profiles | None = None,
@@ -80,7 +86,8 @@ class Router:
                  voter_prior: tuple[float, float] = (1.0, 1.0), decay: float = 0.9,
                  reanchor_every: int = 0, online: bool = True, deadline_s: float | None = None,
                  cache_size: int = 4096, max_pending: int = 4096, selection: str = "ucb",
-                 tie_break: str = "shuffle", seed: int = 0, validity_weight: float = 0.0):
+                 tie_break: str = "shuffle", seed: int = 0, validity_weight: float = 0.0,
+                 validity_floor: float = 0.0):
         self.pool_names = list(pool_names)
         if not self.pool_names or len(set(self.pool_names)) != len(self.pool_names):
             raise ValueError(f"Router pool_names must be non-empty and unique, got {self.pool_names}")
@@ -109,6 +116,10 @@ class Router:
             raise ValueError(f"Router validity_weight={validity_weight}: must be >= 0 (0 = ignore validity)")
         self.selection, self.tie_break, self.seed = selection, tie_break, int(seed)
         self.validity_weight = float(validity_weight)
+        if not 0.0 <= validity_floor <= 0.5:
+            raise ValueError(f"Router validity_floor={validity_floor}: must be in [0, 0.5] (0 = off; above 0.5 "
+                             "every sibling with no checked rescue would be excluded)")
+        self.validity_floor = float(validity_floor)
         self.k, self.aggregation, self.profile_weight = k, aggregation, profile_weight
         self.explore = float(explore)
         self.voter_prior = (float(voter_prior[0]), float(voter_prior[1]))
@@ -179,6 +190,10 @@ class Router:
     def validity_factor(self, harness: str) -> float:
         return self.profiles.validity(harness) ** self.validity_weight if self.validity_weight else 1.0
 
+    def invalid(self, harness: str) -> bool:
+        """Whether `validity_floor` excludes the sibling (module doc)."""
+        return self.validity_floor > 0 and self.profiles.validity(harness) < self.validity_floor
+
     def top_k(self, task: Any, failed_results: Sequence[dict], *, step: int | None = None,
               group_index: int | None = None) -> Decision:
         start = time.monotonic()
@@ -209,7 +224,10 @@ class Router:
             if votes:
                 vote_scores = aggregate(votes, self.pool_names, self.aggregation, self.voter_weights())
         scores = combine(prof, vote_scores, self.profile_weight)
-        chosen = ranked(scores, prof, tie_order)[: self.k]
+        order = ranked(scores, prof, tie_order)
+        excluded = [h for h in order if self.invalid(h)]
+        chosen = [h for h in order if h not in excluded][: self.k]
+        self.counters["excluded"] += len(excluded)
         mode = dominant_mode(freqs)
         reasons = [self._reason(h, scores, prof, vote_scores, votes, task_type, mode) for h in chosen]
         self.counters["decisions"] += 1
@@ -233,7 +251,7 @@ class Router:
                           "task_type": task_type, "failure_modes": freqs, "aggregation": self.aggregation,
                           "harnesses": chosen, "scores": scores, "profile_scores": prof,
                           "vote_scores": vote_scores, "votes": votes, "voter_failures": failures,
-                          "fallback": decision.fallback, "reasons": reasons,
+                          "fallback": decision.fallback, "reasons": reasons, "excluded": excluded,
                           "latency_s": decision.latency_s})
         return decision
 

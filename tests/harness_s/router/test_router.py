@@ -199,6 +199,40 @@ def test_validity_weight_scales_scores_by_the_valid_share():
     assert p["leaky"].valid == [0.0, 4.0]
 
 
+def test_validity_floor_keeps_a_leaking_sibling_out_of_the_top_k_even_when_few_siblings_rescue():
+    # testbed v3's case: two siblings rescue, k = 2, and one of them leaks. Down-weighting leaves it
+    # second of two; the floor takes it out and the group gets the one valid sibling.
+    names_ = ["leaky", "clean", "decoy"]
+    p = Profiles(names_)
+    p.update([{"harness": "leaky", "success": True, "base_valid": False}] * 8
+             + [{"harness": "clean", "success": True, "base_valid": True}] * 8
+             + [{"harness": "decoy", "success": False}] * 8)
+    weighted = Router(names_, Profiles.from_dict(p.to_dict()), k=2, explore=0.0, validity_weight=1.0)
+    assert weighted.top_k({"task_id": 1}, [{}]).harnesses == ["clean", "leaky"]
+    floored = Router(names_, Profiles.from_dict(p.to_dict()), k=2, explore=0.0, validity_weight=1.0,
+                     validity_floor=0.5)
+    assert floored.top_k({"task_id": 1}, [{}], step=0, group_index=0).harnesses == ["clean", "decoy"]
+    assert floored.drain_log()[0]["excluded"] == ["leaky"]
+    assert floored.metrics()["router/total/excluded"] == 1.0
+    # With nothing checked every sibling's validity is 0.5: the floor excludes none.
+    fresh = Router(names_, Profiles(names_), k=3, validity_floor=0.5)
+    assert sorted(fresh.top_k({"task_id": 2}, [{}]).harnesses) == sorted(names_)
+    # One invalid rescue more than valid ones (2 of 5): out, back once a valid one evens it.
+    q = Profiles(["x"])
+    q.update([{"harness": "x", "success": True, "base_valid": v} for v in (True, True, False, False, False)])
+    assert Router(["x"], q, k=1, validity_floor=0.5).top_k({"task_id": 3}, [{}]).harnesses == []
+    q.update([{"harness": "x", "success": True, "base_valid": True}])
+    assert Router(["x"], q, k=1, validity_floor=0.5).top_k({"task_id": 3}, [{}]).harnesses == ["x"]
+
+
+def test_the_config_s_validity_floor_reaches_the_router_only_with_replay():
+    block = experiments.load("common").router()
+    block.validity, block.validity_floor = "replay", 0.4
+    assert build_harness_s_rescuer(block, [Spec("x"), Spec("y")], 1).router.validity_floor == 0.4
+    block.validity = "off"
+    assert build_harness_s_rescuer(block, [Spec("x"), Spec("y")], 1).router.validity_floor == 0.0
+
+
 # ---------------------------------------------------------------------------------------------
 # Accuracy on synthetic outcomes
 
@@ -352,6 +386,8 @@ def test_bad_configs_name_the_problem():
         Router(["x"], k=1, tie_break="alpha")
     with pytest.raises(ValueError, match="validity_weight=-1"):
         Router(["x"], k=1, validity_weight=-1)
+    with pytest.raises(ValueError, match="validity_floor=0.6"):
+        Router(["x"], k=1, validity_floor=0.6)
     with pytest.raises(ValueError, match="not in the pool"):
         HarnessSRescuer([Spec("x")], Router(["x", "y"], k=1))
     with pytest.raises(ValueError, match="lacks 'router'"):
