@@ -26,7 +26,10 @@ at all (testbed v3: `schema_reminder`, 1.8 of 16.2 rescues valid, was still seco
 decision). `validity_floor` f > 0 excludes a sibling whose validity is below f, and the group gets
 fewer siblings rather than that one. f is at most 0.5, the validity of a sibling with nothing
 checked, so an unchecked sibling is never excluded; at 0.5 a sibling is out once more of its
-checked rescues were invalid than valid, and back when re-anchoring's decay brings it to 0.5.
+checked rescues were invalid than valid. An excluded sibling gets no rescue to check, and
+re-anchoring's decay moves its validity toward 0.5 without reaching it: at f = 0.5 it stays out for
+the run; below 0.5 decay brings it back to be checked again (at f = 0.4 and decay 0.9, v3's
+`schema_reminder` counts after 32 re-anchorings).
 
 Outcomes of the rescue rollouts feed back twice: into the profiles (the sibling's Beta counts for
 the task type and the base group's failure mode) and into each voter's record, for `weighted`
