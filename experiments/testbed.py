@@ -462,6 +462,11 @@ NAMES_ARMS = {
     # are down-weighted, and the rule voter reading the profile cards beside the profiles.
     "names_harness_s_router": _names_arm("harness_s", router={"selection": "thompson", "validity": "replay",
                                                               "local_voters": ("rule",)}),
+    # The same with a validity floor (docs/harness_s.md, "A validity floor"): a sibling whose checked
+    # rescues are mostly invalid base trajectories is not chosen at all. v4's claim-(a) treatment,
+    # by the rule recorded before its v3 seeds 0 and 2 were read (docs/results.md).
+    "names_harness_s_floor": _names_arm("harness_s", router={"selection": "thompson", "validity": "replay",
+                                                             "validity_floor": 0.5, "local_voters": ("rule",)}),
     # Claim (b)'s distillation baseline (docs/results.md, "Two claims"): the positive control's
     # rollouts, but its successful hinted rescues trained as SFT in the base context (weight 1, the
     # failed ones dropped) instead of by their group's GRPO advantage.

@@ -113,6 +113,7 @@ def decide_claim(treatment: Sequence[float], comparators: Mapping[str, Sequence[
 
 # The pre-registered claims: (treatment, comparators). A missing arm is reported, not decided.
 CLAIMS = {
+    "(a) transfer, router with a validity floor": ("names_harness_s_floor", ("names_policy_only", "names_base_reroll")),
     "(a) transfer, issue-40 router": ("names_harness_s_router", ("names_policy_only", "names_base_reroll")),
     "(a) transfer, published router": ("names_harness_s", ("names_policy_only", "names_base_reroll")),
     "(b) base-context distillation": ("names_harness_s_base", ("names_sft_hinted", "names_tables_first_base_is",

@@ -28,7 +28,7 @@ ARM_ORDER = ("warmstart", "policy_only", "dapo", "hint", "harness_s", "harness_s
              "names_warmstart", "names_policy_only", "names_policy_only_n6", "names_harness_s",
              "names_harness_s_base", "names_tables_first", "names_tables_first_base", "names_schema_reminder",
              "names_base_reroll", "names_dapo", "names_random", "names_tables_first_base_is", "names_harness_s_router",
-             "names_sft_hinted")
+             "names_harness_s_floor", "names_sft_hinted")
 
 
 @dataclasses.dataclass

@@ -161,6 +161,9 @@ def test_every_names_arm_builds_and_the_controls_differ_only_where_they_should()
     assert tuple(arms["names_harness_s"].router.local_voters) == ()
     router = arms["names_harness_s_router"].router
     assert (router.selection, router.validity, tuple(router.local_voters)) == ("thompson", "replay", ("rule",))
+    floor, unfloored = arms["names_harness_s_floor"].to_dict(), arms["names_harness_s_router"].to_dict()
+    assert floor["router"].pop("validity_floor") == 0.5 and unfloored["router"].pop("validity_floor") == 0.0
+    assert floor == unfloored
     assert arms["names_harness_s"].router.selection == "ucb" and arms["names_harness_s"].router.validity == "off"
     # Testbed v3: the same arms from another shipped warm start, gated with its own G3.
     v3 = experiments.get_config("testbed", "names_harness_s_base,v3")
